@@ -1,0 +1,7 @@
+//! cetera: an etcd v3 API server whose data lives in a relational database.
+//!
+//! Layers, top to bottom: `api` (one module per etcd gRPC service) calls the
+//! `store` (etcd's semantics: revisions, txns, compaction), which runs on a
+//! `backend` (one module per SQL dialect).
+
+pub mod proto;
