@@ -2,6 +2,11 @@
 //!
 //! Layers, top to bottom: `api` (one module per etcd gRPC service) calls the
 //! `store` (etcd's semantics: revisions, txns, compaction), which runs on a
-//! `backend` (one module per SQL dialect).
+//! `backend` (one module per SQL dialect). `server` wires them together.
 
+pub mod api;
+pub mod backend;
+pub mod config;
 pub mod proto;
+pub mod server;
+pub mod store;

@@ -1,0 +1,325 @@
+//! The KV service: Range, Put, DeleteRange, Txn and Compact, with etcd's
+//! request validation (empty keys, ignore flags, txn op limits, duplicate keys)
+//! and its request size limit.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use prost::Message;
+use tonic::{Request, Response, Status};
+
+use super::{ServerInfo, errors};
+use crate::backend::Backend;
+use crate::proto::etcdserverpb::kv_server::Kv;
+use crate::proto::etcdserverpb::request_op::Request as Op;
+use crate::proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
+};
+use crate::store::Store;
+
+/// Bytes etcd adds around a write request in its raft entry (the request
+/// header with its id, the field tags); its size limit counts them.
+const RAFT_ENVELOPE_BYTES: usize = 15;
+
+/// The KV service on a store.
+pub struct KvService<B: Backend> {
+    store: Arc<Store<B>>,
+    info: Arc<ServerInfo>,
+}
+
+impl<B: Backend> KvService<B> {
+    /// The service answering from `store`.
+    pub fn new(store: Arc<Store<B>>, info: Arc<ServerInfo>) -> Self {
+        KvService { store, info }
+    }
+
+    /// Refuses a write request that etcd would find too large for its raft log.
+    fn check_size(&self, request: &impl Message) -> Result<(), Status> {
+        let len = request.encoded_len();
+        if len + prost::length_delimiter_len(len) + RAFT_ENVELOPE_BYTES
+            > self.info.max_request_bytes
+        {
+            return Err(errors::request_too_large());
+        }
+        Ok(())
+    }
+
+    fn current_revision(&self) -> i64 {
+        self.store.revisions().current
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Kv for KvService<B> {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        let req = request.into_inner();
+        check_range(&req)?;
+        let mut resp = self.store.range(&req).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let req = request.into_inner();
+        check_put(&req)?;
+        self.check_size(&req)?;
+        let mut resp = self.store.put(req).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let req = request.into_inner();
+        check_delete(&req)?;
+        self.check_size(&req)?;
+        let mut resp = self.store.delete_range(req).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let req = request.into_inner();
+        check_txn(&req, self.info.max_txn_ops)?;
+        check_duplicates(&req.success)?;
+        check_duplicates(&req.failure)?;
+        self.check_size(&req)?;
+        let mut resp = self.store.txn(req).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        let mut resp = self.store.compact(&req).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+}
+
+fn check_range(req: &RangeRequest) -> Result<(), Status> {
+    if req.key.is_empty() {
+        return Err(errors::empty_key());
+    }
+    Ok(())
+}
+
+fn check_put(req: &PutRequest) -> Result<(), Status> {
+    if req.key.is_empty() {
+        return Err(errors::empty_key());
+    }
+    if req.ignore_value && !req.value.is_empty() {
+        return Err(errors::value_provided());
+    }
+    if req.ignore_lease && req.lease != 0 {
+        return Err(errors::lease_provided());
+    }
+    Ok(())
+}
+
+fn check_delete(req: &DeleteRangeRequest) -> Result<(), Status> {
+    if req.key.is_empty() {
+        return Err(errors::empty_key());
+    }
+    Ok(())
+}
+
+/// etcd's limit: no more than `max_ops` compares, or ops in either branch;
+/// a nested txn gets what its parent left over.
+fn check_txn(req: &TxnRequest, max_ops: usize) -> Result<(), Status> {
+    let ops = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len());
+    if ops > max_ops {
+        return Err(errors::too_many_ops());
+    }
+    if req.compare.iter().any(|c| c.key.is_empty()) {
+        return Err(errors::empty_key());
+    }
+    for op in req.success.iter().chain(&req.failure) {
+        match &op.request {
+            Some(Op::RequestRange(r)) => check_range(r)?,
+            Some(Op::RequestPut(p)) => check_put(p)?,
+            Some(Op::RequestDeleteRange(d)) => check_delete(d)?,
+            Some(Op::RequestTxn(t)) => check_txn(t, max_ops - ops)?,
+            None => return Err(errors::key_not_found()),
+        }
+    }
+    Ok(())
+}
+
+/// A deleted interval as etcd's duplicate check sees it: `[start, end)`, or
+/// the single key `start` when `end` is empty. A "\0" end is taken literally
+/// (and so holds no key), as etcd does.
+struct Deleted<'a> {
+    start: &'a [u8],
+    end: &'a [u8],
+}
+
+impl Deleted<'_> {
+    fn contains(&self, key: &[u8]) -> bool {
+        if self.end.is_empty() {
+            key == self.start
+        } else {
+            self.start <= key && key < self.end
+        }
+    }
+}
+
+fn check_duplicates(ops: &[RequestOp]) -> Result<(), Status> {
+    duplicate_scan(ops).map(|_| ())
+}
+
+/// etcd's rule: a txn may not put a key twice, nor put a key it deletes, at
+/// any nesting level; then- and else-branches of one nested txn may put the
+/// same key. Returns the keys put and the intervals deleted below `ops`.
+fn duplicate_scan(ops: &[RequestOp]) -> Result<(HashSet<&[u8]>, Vec<Deleted<'_>>), Status> {
+    let mut deleted: Vec<Deleted<'_>> = ops
+        .iter()
+        .filter_map(|op| match &op.request {
+            Some(Op::RequestDeleteRange(d)) => Some(Deleted {
+                start: &d.key,
+                end: &d.range_end,
+            }),
+            _ => None,
+        })
+        .collect();
+    let is_deleted = |deleted: &[Deleted<'_>], key: &[u8]| deleted.iter().any(|d| d.contains(key));
+
+    let mut puts: HashSet<&[u8]> = HashSet::new();
+    for op in ops {
+        let Some(Op::RequestTxn(nested)) = &op.request else {
+            continue;
+        };
+        let (puts_then, deleted_then) = duplicate_scan(&nested.success)?;
+        let (puts_else, deleted_else) = duplicate_scan(&nested.failure)?;
+        for key in &puts_then {
+            if puts.contains(key) || is_deleted(&deleted, key) {
+                return Err(errors::duplicate_key());
+            }
+            puts.insert(key);
+        }
+        for key in &puts_else {
+            if (puts.contains(key) && !puts_then.contains(key)) || is_deleted(&deleted, key) {
+                return Err(errors::duplicate_key());
+            }
+            puts.insert(key);
+        }
+        deleted.extend(deleted_then);
+        deleted.extend(deleted_else);
+    }
+
+    for op in ops {
+        let Some(Op::RequestPut(put)) = &op.request else {
+            continue;
+        };
+        let key = put.key.as_slice();
+        if puts.contains(key) || is_deleted(&deleted, key) {
+            return Err(errors::duplicate_key());
+        }
+        puts.insert(key);
+    }
+    Ok((puts, deleted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::etcdserverpb::TxnRequest;
+
+    fn put(key: &str) -> RequestOp {
+        RequestOp {
+            request: Some(Op::RequestPut(PutRequest {
+                key: key.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn delete(key: &str, end: &str) -> RequestOp {
+        RequestOp {
+            request: Some(Op::RequestDeleteRange(DeleteRangeRequest {
+                key: key.into(),
+                range_end: end.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn nested(success: Vec<RequestOp>, failure: Vec<RequestOp>) -> RequestOp {
+        RequestOp {
+            request: Some(Op::RequestTxn(TxnRequest {
+                success,
+                failure,
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[test]
+    fn duplicate_puts_are_refused() {
+        assert!(check_duplicates(&[put("a"), put("a")]).is_err());
+        assert!(check_duplicates(&[put("a"), put("b")]).is_ok());
+    }
+
+    #[test]
+    fn put_inside_deleted_range_is_refused_in_any_order() {
+        assert!(check_duplicates(&[delete("a", "c"), put("b")]).is_err());
+        assert!(check_duplicates(&[put("b"), delete("a", "c")]).is_err());
+        assert!(check_duplicates(&[put("c"), delete("a", "c")]).is_ok());
+        assert!(check_duplicates(&[put("a"), delete("a", "")]).is_err());
+    }
+
+    #[test]
+    fn from_key_delete_is_not_seen_as_overlapping() {
+        // etcd compares the "\0" end literally, so it contains no key.
+        assert!(check_duplicates(&[put("b"), delete("a", "\0")]).is_ok());
+    }
+
+    #[test]
+    fn nested_branches_may_share_keys_but_not_with_the_parent() {
+        assert!(check_duplicates(&[nested(vec![put("a")], vec![put("a")])]).is_ok());
+        assert!(check_duplicates(&[put("a"), nested(vec![put("a")], vec![])]).is_err());
+        assert!(check_duplicates(&[delete("a", "b"), nested(vec![], vec![put("a")])]).is_err());
+        assert!(check_duplicates(&[nested(vec![delete("a", "b")], vec![]), put("a")]).is_err());
+        assert!(check_duplicates(&[delete("a", "c"), delete("b", "d")]).is_ok());
+    }
+
+    #[test]
+    fn op_limit_counts_the_largest_list_and_shrinks_for_nested_txns() {
+        let txn = |n: usize| TxnRequest {
+            success: (0..n).map(|i| put(&i.to_string())).collect(),
+            ..Default::default()
+        };
+        assert!(check_txn(&txn(3), 3).is_ok());
+        assert!(check_txn(&txn(4), 3).is_err());
+        let outer = TxnRequest {
+            success: vec![nested(txn(2).success, vec![])],
+            ..Default::default()
+        };
+        assert!(check_txn(&outer, 3).is_ok());
+        assert!(check_txn(&outer, 2).is_err());
+    }
+
+    #[test]
+    fn empty_op_is_key_not_found() {
+        let txn = TxnRequest {
+            success: vec![RequestOp { request: None }],
+            ..Default::default()
+        };
+        let err = check_txn(&txn, 128).unwrap_err();
+        assert_eq!(err.message(), "etcdserver: key not found");
+    }
+}

@@ -1,0 +1,118 @@
+//! The etcd gRPC services, one module per service. This layer validates
+//! requests, enforces limits, fills response headers and turns store errors
+//! into etcd's exact gRPC codes and messages; the etcd semantics live in
+//! `crate::store`.
+
+pub mod cluster;
+pub mod kv;
+pub mod maintenance;
+
+use tonic::{Code, Status};
+
+use crate::proto::etcdserverpb::ResponseHeader;
+use crate::store::{Identity, StoreError};
+
+/// The raft term a single node reports: it never holds an election.
+pub const RAFT_TERM: u64 = 1;
+
+/// Settings every service needs.
+#[derive(Clone, Debug)]
+pub struct ServerInfo {
+    /// Cluster and member ids for response headers.
+    pub identity: Identity,
+    /// Largest accepted write request, in bytes.
+    pub max_request_bytes: usize,
+    /// Most ops in one Txn (per branch, and compares).
+    pub max_txn_ops: usize,
+    /// The etcd version reported by Status.
+    pub version: String,
+    /// Member name reported by MemberList.
+    pub name: String,
+    /// Client URLs reported by MemberList.
+    pub client_urls: Vec<String>,
+}
+
+impl ServerInfo {
+    /// Completes a header the store started: ids, term, and the current
+    /// revision where the store did not set one.
+    pub fn fill(&self, header: &mut Option<ResponseHeader>, current_revision: i64) {
+        let header = header.get_or_insert_with(Default::default);
+        header.cluster_id = self.identity.cluster_id;
+        header.member_id = self.identity.member_id;
+        header.raft_term = RAFT_TERM;
+        if header.revision == 0 {
+            header.revision = current_revision;
+        }
+    }
+
+    /// A complete header at `revision`.
+    pub fn header(&self, revision: i64) -> Option<ResponseHeader> {
+        let mut header = None;
+        self.fill(&mut header, revision);
+        header
+    }
+}
+
+/// etcd's error strings, as clients match them.
+pub mod errors {
+    use super::*;
+
+    /// A request without a key.
+    pub fn empty_key() -> Status {
+        Status::new(Code::InvalidArgument, "etcdserver: key is not provided")
+    }
+    /// ignore_value/ignore_lease on a missing key, or an empty txn op.
+    pub fn key_not_found() -> Status {
+        Status::new(Code::InvalidArgument, "etcdserver: key not found")
+    }
+    /// ignore_value together with a value.
+    pub fn value_provided() -> Status {
+        Status::new(Code::InvalidArgument, "etcdserver: value is provided")
+    }
+    /// ignore_lease together with a lease.
+    pub fn lease_provided() -> Status {
+        Status::new(Code::InvalidArgument, "etcdserver: lease is provided")
+    }
+    /// More txn ops than --max-txn-ops.
+    pub fn too_many_ops() -> Status {
+        Status::new(
+            Code::InvalidArgument,
+            "etcdserver: too many operations in txn request",
+        )
+    }
+    /// A key written twice, or written and deleted, by one txn.
+    pub fn duplicate_key() -> Status {
+        Status::new(
+            Code::InvalidArgument,
+            "etcdserver: duplicate key given in txn request",
+        )
+    }
+    /// A write request over --max-request-bytes.
+    pub fn request_too_large() -> Status {
+        Status::new(Code::InvalidArgument, "etcdserver: request is too large")
+    }
+}
+
+impl From<StoreError> for Status {
+    fn from(error: StoreError) -> Status {
+        match error {
+            StoreError::Compacted => Status::new(
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            StoreError::FutureRevision => Status::new(
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision is a future revision",
+            ),
+            StoreError::KeyNotFound => errors::key_not_found(),
+            StoreError::LeaseNotFound => {
+                Status::new(Code::NotFound, "etcdserver: requested lease not found")
+            }
+            StoreError::Stopped => Status::new(Code::Unavailable, "etcdserver: server stopped"),
+            StoreError::Backend(error) => {
+                tracing::error!("database error: {error:#}");
+                Status::new(Code::Unknown, format!("cetera: database error: {error:#}"))
+            }
+        }
+    }
+}

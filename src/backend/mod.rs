@@ -1,0 +1,177 @@
+//! Storage primitives, one implementation per SQL dialect.
+//!
+//! A backend knows SQL, not etcd: it stores rows of the revision log and the
+//! live-key table and reads them back inside a transaction. Every etcd rule
+//! (revisions, versions, txn compares, compaction) lives in `crate::store`, so
+//! a new dialect is a new `Backend` and nothing else.
+
+pub mod sqlite;
+
+use std::future::Future;
+
+use crate::proto::mvccpb::KeyValue;
+
+/// Errors from the database itself; the store reports them as internal errors.
+pub type BackendError = anyhow::Error;
+/// Result of a backend call.
+pub type BackendResult<T> = Result<T, BackendError>;
+
+/// A half-open key interval `[start, end)`; `end == None` means every key >= start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    /// First key of the interval.
+    pub start: Vec<u8>,
+    /// Exclusive upper bound, or `None` for no upper bound.
+    pub end: Option<Vec<u8>>,
+}
+
+impl KeyRange {
+    /// The interval holding exactly `key`.
+    pub fn single(key: &[u8]) -> Self {
+        let mut end = Vec::with_capacity(key.len() + 1);
+        end.extend_from_slice(key);
+        end.push(0);
+        KeyRange {
+            start: key.to_vec(),
+            end: Some(end),
+        }
+    }
+
+    /// True if `key` lies in the interval.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        key >= self.start.as_slice() && self.end.as_deref().is_none_or(|end| key < end)
+    }
+
+    /// True if no key can lie in the interval.
+    pub fn is_empty(&self) -> bool {
+        self.end
+            .as_deref()
+            .is_some_and(|end| end <= self.start.as_slice())
+    }
+}
+
+/// Which state a read sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadAt {
+    /// The live-key table: the latest state, including this transaction's writes.
+    Current,
+    /// The revision log as it was at this revision.
+    Revision(i64),
+}
+
+/// The store's counters, kept in one row that every write transaction updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Revisions {
+    /// The store's current revision (1 for an empty store).
+    pub current: i64,
+    /// Reads below this revision are refused; -1 until the first compaction.
+    pub compact: i64,
+    /// Physical compaction has removed superseded rows up to this revision.
+    pub compacted_through: i64,
+}
+
+/// One row of the revision log: a key's state after a change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogEntry {
+    /// The key as it is after the change (`mod_revision` is the change's revision).
+    pub kv: KeyValue,
+    /// Position of the change among the changes of its revision.
+    pub sub: i64,
+    /// True for a deletion (a tombstone); `kv` then carries only key and mod_revision.
+    pub deleted: bool,
+}
+
+/// A consistent, read-only view of the database.
+pub trait ReadTxn: Send {
+    /// The counters as of this view.
+    fn revisions(&mut self) -> impl Future<Output = BackendResult<Revisions>> + Send;
+
+    /// Keys in `range` at `at`, ascending by key, at most `limit` (0 = all).
+    /// With `keys_only` the values may be left empty.
+    fn range(
+        &mut self,
+        range: &KeyRange,
+        at: ReadAt,
+        limit: usize,
+        keys_only: bool,
+    ) -> impl Future<Output = BackendResult<Vec<KeyValue>>> + Send;
+
+    /// Number of keys in `range` at `at`.
+    fn count(
+        &mut self,
+        range: &KeyRange,
+        at: ReadAt,
+    ) -> impl Future<Output = BackendResult<i64>> + Send;
+
+    /// Log rows with `after < revision <= through`, in revision order.
+    fn log_entries(
+        &mut self,
+        after: i64,
+        through: i64,
+    ) -> impl Future<Output = BackendResult<Vec<LogEntry>>> + Send;
+
+    /// A named setting, if set.
+    fn setting(&mut self, name: &str) -> impl Future<Output = BackendResult<Option<i64>>> + Send;
+}
+
+/// A write transaction: nothing is visible to readers until `commit`.
+pub trait WriteTxn: ReadTxn {
+    /// Appends `entry` to the log and applies it to the live-key table.
+    fn append(&mut self, entry: &LogEntry) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Stores the counters.
+    fn set_revisions(
+        &mut self,
+        revisions: Revisions,
+    ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Removes every log row of `key` with a revision below `revision`.
+    fn remove_history_before(
+        &mut self,
+        key: &[u8],
+        revision: i64,
+    ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Removes the log row of `key` at `revision`.
+    fn remove_entry(
+        &mut self,
+        key: &[u8],
+        revision: i64,
+    ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Sets a named setting.
+    fn set_setting(
+        &mut self,
+        name: &str,
+        value: i64,
+    ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Makes every change durable and visible.
+    fn commit(self) -> impl Future<Output = BackendResult<()>> + Send;
+}
+
+/// A database holding one cetera store.
+pub trait Backend: Send + Sync + 'static {
+    /// Read transaction type.
+    type Read: ReadTxn;
+    /// Write transaction type.
+    type Write: WriteTxn;
+
+    /// Opens a consistent read-only view.
+    fn read(&self) -> impl Future<Output = BackendResult<Self::Read>> + Send;
+
+    /// Starts a write transaction; only one is open at a time per instance.
+    fn write(&self) -> impl Future<Output = BackendResult<Self::Write>> + Send;
+
+    /// Size of the database in bytes, and the part of it in use.
+    fn size(&self) -> impl Future<Output = BackendResult<DatabaseSize>> + Send;
+}
+
+/// Space taken by the database.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatabaseSize {
+    /// Bytes allocated on disk.
+    pub total: i64,
+    /// Bytes holding live data (allocated minus free pages).
+    pub in_use: i64,
+}

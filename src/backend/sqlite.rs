@@ -1,0 +1,417 @@
+//! The embedded SQLite backend (rusqlite with a bundled SQLite).
+//!
+//! One connection writes, a small pool of connections reads. WAL mode lets
+//! readers run beside the writer, each on a consistent snapshot. SQLite calls
+//! are short and run inline on the async task that makes them.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, ToSql, params};
+use tokio::sync::OwnedMutexGuard;
+
+use super::{
+    Backend, BackendResult, DatabaseSize, KeyRange, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+};
+use crate::proto::mvccpb::KeyValue;
+
+mod migrations {
+    refinery::embed_migrations!("migrations/sqlite");
+}
+
+/// Read connections kept open for reuse; more are opened on demand.
+const MAX_IDLE_READERS: usize = 16;
+
+/// A store kept in one SQLite database file.
+pub struct Sqlite {
+    path: PathBuf,
+    writer: Arc<tokio::sync::Mutex<Connection>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl Sqlite {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create directory {}", dir.display()))?;
+        }
+        let mut writer = open_connection(path, false)
+            .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+        migrations::migrations::runner()
+            .run(&mut writer)
+            .context("cannot apply SQLite migrations")?;
+        Ok(Sqlite {
+            path: path.to_path_buf(),
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    fn take_reader(&self) -> BackendResult<Connection> {
+        let idle = self.readers.lock().expect("reader pool poisoned").pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => Ok(open_connection(&self.path, true)?),
+        }
+    }
+}
+
+/// Opens a connection with the settings every cetera connection uses.
+fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(Duration::from_secs(30))?;
+    // WAL lets readers work beside the writer. synchronous=FULL fsyncs the WAL
+    // on every commit, so an acknowledged write survives power loss, not only
+    // a crash of the process; group commit makes that one fsync per batch.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+impl Backend for Sqlite {
+    type Read = SqliteRead;
+    type Write = SqliteWrite;
+
+    async fn read(&self) -> BackendResult<SqliteRead> {
+        let conn = self.take_reader()?;
+        conn.execute_batch("BEGIN")?;
+        Ok(SqliteRead {
+            conn: Some(conn),
+            pool: self.readers.clone(),
+        })
+    }
+
+    async fn write(&self) -> BackendResult<SqliteWrite> {
+        let conn = self.writer.clone().lock_owned().await;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(SqliteWrite {
+            conn,
+            committed: false,
+        })
+    }
+
+    async fn size(&self) -> BackendResult<DatabaseSize> {
+        let conn = self.take_reader()?;
+        let sizes = (|| -> rusqlite::Result<DatabaseSize> {
+            let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+            let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+            let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+            Ok(DatabaseSize {
+                total: page_size * pages,
+                in_use: page_size * (pages - free),
+            })
+        })();
+        return_reader(&self.readers, conn);
+        Ok(sizes?)
+    }
+}
+
+fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
+    let mut idle = pool.lock().expect("reader pool poisoned");
+    if idle.len() < MAX_IDLE_READERS {
+        idle.push(conn);
+    }
+}
+
+/// A read transaction on a pooled connection; the snapshot is released on drop.
+pub struct SqliteRead {
+    conn: Option<Connection>,
+    pool: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl Drop for SqliteRead {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // A connection whose rollback fails is not reused.
+            if conn.execute_batch("ROLLBACK").is_ok() {
+                return_reader(&self.pool, conn);
+            }
+        }
+    }
+}
+
+/// The write transaction on the single writer connection.
+pub struct SqliteWrite {
+    conn: OwnedMutexGuard<Connection>,
+    committed: bool,
+}
+
+impl Drop for SqliteWrite {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+// Range queries come in two shapes, with and without an upper bound, so that
+// SQLite can always use the key index for both ends.
+const CURRENT_RANGE: &str = "SELECT key, value, create_revision, mod_revision, version, lease \
+     FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key LIMIT ?3";
+const CURRENT_RANGE_FROM: &str = "SELECT key, value, create_revision, mod_revision, version, lease \
+     FROM kv WHERE key >= ?1 ORDER BY key LIMIT ?3";
+const CURRENT_COUNT: &str = "SELECT COUNT(*) FROM kv WHERE key >= ?1 AND key < ?2";
+const CURRENT_COUNT_FROM: &str = "SELECT COUNT(*) FROM kv WHERE key >= ?1";
+// SQLite returns the other columns of the row that holds MAX(revision).
+const HISTORY_RANGE: &str = "SELECT key, value, create_revision, revision, version, lease FROM \
+     (SELECT key, value, create_revision, MAX(revision) AS revision, version, lease, deleted \
+      FROM log WHERE key >= ?1 AND key < ?2 AND revision <= ?4 GROUP BY key) \
+     WHERE deleted = 0 ORDER BY key LIMIT ?3";
+const HISTORY_RANGE_FROM: &str = "SELECT key, value, create_revision, revision, version, lease FROM \
+     (SELECT key, value, create_revision, MAX(revision) AS revision, version, lease, deleted \
+      FROM log WHERE key >= ?1 AND revision <= ?4 GROUP BY key) \
+     WHERE deleted = 0 ORDER BY key LIMIT ?3";
+const HISTORY_COUNT: &str = "SELECT COUNT(*) FROM \
+     (SELECT MAX(revision), deleted FROM log WHERE key >= ?1 AND key < ?2 AND revision <= ?3 GROUP BY key) \
+     WHERE deleted = 0";
+const HISTORY_COUNT_FROM: &str = "SELECT COUNT(*) FROM \
+     (SELECT MAX(revision), deleted FROM log WHERE key >= ?1 AND revision <= ?3 GROUP BY key) \
+     WHERE deleted = 0";
+
+fn kv_from_row(row: &Row<'_>) -> rusqlite::Result<KeyValue> {
+    Ok(KeyValue {
+        key: row.get(0)?,
+        value: row.get(1)?,
+        create_revision: row.get(2)?,
+        mod_revision: row.get(3)?,
+        version: row.get(4)?,
+        lease: row.get(5)?,
+    })
+}
+
+/// Runs one of the range or count statements. Parameters are, in order,
+/// start, end, then `extra`; each statement uses a prefix of that list.
+fn query_keys<T>(
+    conn: &Connection,
+    sql: &str,
+    range: &KeyRange,
+    extra: &[&dyn ToSql],
+    mut map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<Vec<T>> {
+    let end: &[u8] = range.end.as_deref().unwrap_or_default();
+    let mut all: Vec<&dyn ToSql> = vec![&range.start, &end];
+    all.extend_from_slice(extra);
+    let mut stmt = conn.prepare_cached(sql)?;
+    let used = stmt.parameter_count();
+    let rows = stmt.query_map(&all[..used], |row| map(row))?;
+    rows.collect()
+}
+
+fn query_range(
+    conn: &Connection,
+    range: &KeyRange,
+    at: ReadAt,
+    limit: usize,
+) -> rusqlite::Result<Vec<KeyValue>> {
+    // SQLite reads a negative LIMIT as no limit.
+    let limit = if limit == 0 { -1 } else { limit as i64 };
+    match at {
+        ReadAt::Current => {
+            let sql = if range.end.is_some() {
+                CURRENT_RANGE
+            } else {
+                CURRENT_RANGE_FROM
+            };
+            query_keys(conn, sql, range, &[&limit], kv_from_row)
+        }
+        ReadAt::Revision(rev) => {
+            let sql = if range.end.is_some() {
+                HISTORY_RANGE
+            } else {
+                HISTORY_RANGE_FROM
+            };
+            query_keys(conn, sql, range, &[&limit, &rev], kv_from_row)
+        }
+    }
+}
+
+fn query_count(conn: &Connection, range: &KeyRange, at: ReadAt) -> rusqlite::Result<i64> {
+    let counts = match at {
+        ReadAt::Current => {
+            let sql = if range.end.is_some() {
+                CURRENT_COUNT
+            } else {
+                CURRENT_COUNT_FROM
+            };
+            query_keys(conn, sql, range, &[], |r| r.get(0))?
+        }
+        ReadAt::Revision(rev) => {
+            let sql = if range.end.is_some() {
+                HISTORY_COUNT
+            } else {
+                HISTORY_COUNT_FROM
+            };
+            query_keys(conn, sql, range, &[&rev], |r| r.get(0))?
+        }
+    };
+    Ok(counts.first().copied().unwrap_or(0))
+}
+
+fn query_revisions(conn: &Connection) -> rusqlite::Result<Revisions> {
+    conn.prepare_cached("SELECT revision, compact_revision, compacted_through FROM meta")?
+        .query_row([], |r| {
+            Ok(Revisions {
+                current: r.get(0)?,
+                compact: r.get(1)?,
+                compacted_through: r.get(2)?,
+            })
+        })
+}
+
+fn query_log(conn: &Connection, after: i64, through: i64) -> rusqlite::Result<Vec<LogEntry>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT key, value, create_revision, revision, version, lease, sub, deleted \
+         FROM log WHERE revision > ?1 AND revision <= ?2 ORDER BY revision, sub",
+    )?;
+    let rows = stmt.query_map(params![after, through], |row| {
+        Ok(LogEntry {
+            kv: kv_from_row(row)?,
+            sub: row.get(6)?,
+            deleted: row.get(7)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn query_setting(conn: &Connection, name: &str) -> rusqlite::Result<Option<i64>> {
+    conn.prepare_cached("SELECT value FROM settings WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()
+}
+
+/// The read queries, shared by read and write transactions.
+macro_rules! impl_read_txn {
+    ($ty:ty, $conn:ident => $get:expr) => {
+        impl ReadTxn for $ty {
+            async fn revisions(&mut self) -> BackendResult<Revisions> {
+                let $conn = self;
+                Ok(query_revisions($get)?)
+            }
+
+            async fn range(
+                &mut self,
+                range: &KeyRange,
+                at: ReadAt,
+                limit: usize,
+                _keys_only: bool,
+            ) -> BackendResult<Vec<KeyValue>> {
+                let $conn = self;
+                Ok(query_range($get, range, at, limit)?)
+            }
+
+            async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
+                let $conn = self;
+                Ok(query_count($get, range, at)?)
+            }
+
+            async fn log_entries(
+                &mut self,
+                after: i64,
+                through: i64,
+            ) -> BackendResult<Vec<LogEntry>> {
+                let $conn = self;
+                Ok(query_log($get, after, through)?)
+            }
+
+            async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
+                let $conn = self;
+                Ok(query_setting($get, name)?)
+            }
+        }
+    };
+}
+
+impl_read_txn!(SqliteRead, txn => txn.conn.as_ref().expect("connection present until drop"));
+impl_read_txn!(SqliteWrite, txn => &txn.conn);
+
+impl WriteTxn for SqliteWrite {
+    async fn append(&mut self, entry: &LogEntry) -> BackendResult<()> {
+        let kv = &entry.kv;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO log (revision, sub, key, value, create_revision, version, lease, deleted) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                kv.mod_revision,
+                entry.sub,
+                kv.key,
+                kv.value,
+                kv.create_revision,
+                kv.version,
+                kv.lease,
+                entry.deleted
+            ])?;
+        if entry.deleted {
+            self.conn
+                .prepare_cached("DELETE FROM kv WHERE key = ?1")?
+                .execute([&kv.key])?;
+        } else {
+            self.conn
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, lease) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![
+                    kv.key,
+                    kv.value,
+                    kv.create_revision,
+                    kv.mod_revision,
+                    kv.version,
+                    kv.lease
+                ])?;
+        }
+        Ok(())
+    }
+
+    async fn set_revisions(&mut self, revisions: Revisions) -> BackendResult<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE meta SET revision = ?1, compact_revision = ?2, compacted_through = ?3",
+            )?
+            .execute(params![
+                revisions.current,
+                revisions.compact,
+                revisions.compacted_through
+            ])?;
+        Ok(())
+    }
+
+    async fn remove_history_before(&mut self, key: &[u8], revision: i64) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM log WHERE key = ?1 AND revision < ?2")?
+            .execute(params![key, revision])?;
+        Ok(())
+    }
+
+    async fn remove_entry(&mut self, key: &[u8], revision: i64) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM log WHERE key = ?1 AND revision = ?2")?
+            .execute(params![key, revision])?;
+        Ok(())
+    }
+
+    async fn set_setting(&mut self, name: &str, value: i64) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO settings (name, value) VALUES (?1, ?2)")?
+            .execute(params![name, value])?;
+        Ok(())
+    }
+
+    async fn commit(mut self) -> BackendResult<()> {
+        self.conn.execute_batch("COMMIT")?;
+        self.committed = true;
+        Ok(())
+    }
+}

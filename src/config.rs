@@ -1,0 +1,158 @@
+//! Command-line flags; each can also be set with a CETERA_* environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{Parser, ValueEnum};
+
+/// Default SQLite file, as kine and k3s use.
+pub const DEFAULT_ENDPOINT: &str = "sqlite://./db/state.db";
+
+/// cetera: the etcd v3 API on SQLite, PostgreSQL or MySQL.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cetera", version, about, long_about = None)]
+pub struct Config {
+    /// Address the etcd gRPC API listens on.
+    #[arg(long, env = "CETERA_LISTEN_ADDRESS", default_value = "127.0.0.1:2379")]
+    pub listen_address: SocketAddr,
+
+    /// Where the data lives: `sqlite://PATH` or a bare file path (the folder is
+    /// created). k3s's `--datastore-endpoint` name is accepted too.
+    #[arg(
+        long,
+        visible_alias = "datastore-endpoint",
+        env = "CETERA_ENDPOINT",
+        default_value = DEFAULT_ENDPOINT
+    )]
+    pub endpoint: String,
+
+    /// Client URLs this member reports in MemberList (comma-separated).
+    /// Default: http:// and the listen address, with 127.0.0.1 for 0.0.0.0.
+    #[arg(long, env = "CETERA_ADVERTISE_CLIENT_URLS", value_delimiter = ',')]
+    pub advertise_client_urls: Vec<String>,
+
+    /// Member name reported in MemberList.
+    #[arg(long, env = "CETERA_NAME", default_value = "default")]
+    pub name: String,
+
+    /// Largest write request accepted, in bytes (etcd's default: 1.5 MiB).
+    #[arg(long, env = "CETERA_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
+    pub max_request_bytes: usize,
+
+    /// Most operations in one Txn: compares, or ops in either branch.
+    #[arg(long, env = "CETERA_MAX_TXN_OPS", default_value_t = 128)]
+    pub max_txn_ops: usize,
+
+    /// etcd version that Status reports. Kubernetes turns on its watch-progress
+    /// features from 3.5.13.
+    #[arg(long, env = "CETERA_EMULATED_ETCD_VERSION", default_value = "3.5.13")]
+    pub emulated_etcd_version: String,
+
+    /// Log line format.
+    #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A parsed `--endpoint`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Datastore {
+    /// An SQLite database file.
+    Sqlite(PathBuf),
+}
+
+impl Datastore {
+    /// Parses an endpoint string.
+    pub fn parse(endpoint: &str) -> anyhow::Result<Self> {
+        let endpoint = endpoint.trim();
+        if let Some(rest) = endpoint.strip_prefix("sqlite://") {
+            // kine accepts SQLite options after '?'; the path ends there.
+            let path = rest.split('?').next().unwrap_or_default();
+            if path.is_empty() {
+                bail!("endpoint {endpoint:?} names no SQLite file");
+            }
+            return Ok(Datastore::Sqlite(PathBuf::from(path)));
+        }
+        if let Some((scheme, _)) = endpoint.split_once("://") {
+            match scheme {
+                "postgres" | "postgresql" | "mysql" => bail!(
+                    "endpoint scheme {scheme}:// is not supported yet; this build serves sqlite:// only"
+                ),
+                _ => bail!(
+                    "unknown endpoint scheme {scheme}://; expected sqlite://PATH or a file path"
+                ),
+            }
+        }
+        if endpoint.is_empty() {
+            bail!("empty endpoint; expected sqlite://PATH or a file path");
+        }
+        Ok(Datastore::Sqlite(PathBuf::from(endpoint)))
+    }
+}
+
+impl Config {
+    /// The client URLs to report, derived from the listen address unless given.
+    pub fn client_urls(&self) -> Vec<String> {
+        if !self.advertise_client_urls.is_empty() {
+            return self.advertise_client_urls.clone();
+        }
+        let mut addr = self.listen_address;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        vec![format!("http://{addr}")]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let sqlite = |p: &str| Datastore::Sqlite(PathBuf::from(p));
+        assert_eq!(
+            Datastore::parse("sqlite://./db/state.db").unwrap(),
+            sqlite("./db/state.db")
+        );
+        assert_eq!(
+            Datastore::parse("sqlite:///var/lib/x.db").unwrap(),
+            sqlite("/var/lib/x.db")
+        );
+        assert_eq!(
+            Datastore::parse("sqlite://db/state.db?_journal=WAL&cache=shared").unwrap(),
+            sqlite("db/state.db")
+        );
+        assert_eq!(
+            Datastore::parse("/tmp/state.db").unwrap(),
+            sqlite("/tmp/state.db")
+        );
+        assert!(Datastore::parse("sqlite://").is_err());
+        assert!(Datastore::parse("redis://x").is_err());
+        assert!(Datastore::parse("").is_err());
+    }
+
+    #[test]
+    fn client_url_of_wildcard_listener_is_loopback() {
+        let config = Config::parse_from(["cetera", "--listen-address", "0.0.0.0:2379"]);
+        assert_eq!(config.client_urls(), vec!["http://127.0.0.1:2379"]);
+        let config =
+            Config::parse_from(["cetera", "--advertise-client-urls", "http://a:1,http://b:2"]);
+        assert_eq!(config.client_urls(), vec!["http://a:1", "http://b:2"]);
+    }
+
+    #[test]
+    fn datastore_endpoint_alias() {
+        let config = Config::parse_from(["cetera", "--datastore-endpoint", "/x.db"]);
+        assert_eq!(config.endpoint, "/x.db");
+    }
+}

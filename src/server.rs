@@ -1,0 +1,88 @@
+//! Wires a store to the gRPC services and serves them until shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tonic::transport::Server;
+
+use crate::api::ServerInfo;
+use crate::api::cluster::ClusterService;
+use crate::api::kv::KvService;
+use crate::api::maintenance::MaintenanceService;
+use crate::backend::Backend;
+use crate::backend::sqlite::Sqlite;
+use crate::config::{Config, Datastore};
+use crate::proto::etcdserverpb::cluster_server::ClusterServer;
+use crate::proto::etcdserverpb::kv_server::KvServer;
+use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
+use crate::store::Store;
+
+/// gRPC accepts this much more than --max-request-bytes, as etcd does, so the
+/// size check can answer with etcd's own error.
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// Opens the datastore named by `config` and serves until `shutdown` resolves.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    match Datastore::parse(&config.endpoint)? {
+        Datastore::Sqlite(path) => {
+            let backend = Sqlite::open(&path)?;
+            tracing::info!(path = %path.display(), "opened SQLite datastore");
+            serve(config, backend, shutdown).await
+        }
+    }
+}
+
+async fn serve<B: Backend>(
+    config: Config,
+    backend: B,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let store = Arc::new(Store::open(backend).await?);
+    let info = Arc::new(ServerInfo {
+        identity: store.identity(),
+        max_request_bytes: config.max_request_bytes,
+        max_txn_ops: config.max_txn_ops,
+        version: config.emulated_etcd_version.clone(),
+        name: config.name.clone(),
+        client_urls: config.client_urls(),
+    });
+    let max_message = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
+
+    let listener = tokio::net::TcpListener::bind(config.listen_address)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen_address))?;
+    tracing::info!(
+        address = %config.listen_address,
+        revision = store.revisions().current,
+        member_id = format_args!("{:x}", info.identity.member_id),
+        "serving the etcd API"
+    );
+
+    Server::builder()
+        .add_service(
+            KvServer::new(KvService::new(store.clone(), info.clone()))
+                .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            MaintenanceServer::new(MaintenanceService::new(store.clone(), info.clone()))
+                .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            ClusterServer::new(ClusterService::new(store.clone(), info.clone()))
+                .max_decoding_message_size(max_message),
+        )
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+        .context("gRPC server failed")?;
+
+    tracing::info!("stopped serving; finishing queued writes");
+    match Arc::try_unwrap(store) {
+        Ok(store) => store.shutdown().await,
+        Err(_) => tracing::warn!("store still in use at shutdown"),
+    }
+    Ok(())
+}

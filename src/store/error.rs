@@ -1,0 +1,30 @@
+//! The ways an etcd request can fail in the store, one variant per etcd error.
+//! The API layer turns them into etcd's gRPC codes and messages.
+
+use thiserror::Error;
+
+/// A failed store operation.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The requested revision is below the compact revision.
+    #[error("mvcc: required revision has been compacted")]
+    Compacted,
+    /// The requested revision is above the current revision.
+    #[error("mvcc: required revision is a future revision")]
+    FutureRevision,
+    /// ignore_value or ignore_lease on a key that does not exist.
+    #[error("key not found")]
+    KeyNotFound,
+    /// A Put names a lease that does not exist.
+    #[error("requested lease not found")]
+    LeaseNotFound,
+    /// The server is shutting down or its writer stopped.
+    #[error("server stopped")]
+    Stopped,
+    /// The database failed.
+    #[error("database error: {0:#}")]
+    Backend(#[from] anyhow::Error),
+}
+
+/// Result of a store operation.
+pub type StoreResult<T> = Result<T, StoreError>;

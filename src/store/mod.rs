@@ -1,0 +1,208 @@
+//! The etcd semantics boundary: revisions, ranges, txns and compaction,
+//! written once on top of any `Backend`.
+//!
+//! Reads run on their own consistent snapshot. Writes are queued to one
+//! writer task (see `writer`), which applies them in order with group commit.
+//! Physical compaction runs in the background in short steps through the same
+//! writer, so it never holds other writes up for long.
+
+mod apply;
+pub mod error;
+pub mod range;
+mod writer;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+pub use self::error::{StoreError, StoreResult};
+use self::writer::{Queued, WriteRequest, WriteResponse};
+use crate::backend::{Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
+use crate::proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+
+/// Write requests waiting for the writer before senders wait too.
+const QUEUE_DEPTH: usize = 4096;
+
+/// The ids this store reports in every response header; chosen once, kept in
+/// the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// etcd cluster id.
+    pub cluster_id: u64,
+    /// etcd member id of this server.
+    pub member_id: u64,
+}
+
+/// An etcd key-value store on a database.
+pub struct Store<B: Backend> {
+    backend: Arc<B>,
+    queue: mpsc::Sender<Queued>,
+    revisions: watch::Receiver<Revisions>,
+    identity: Identity,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl<B: Backend> Store<B> {
+    /// Opens the store on `backend` and starts its writer and compactor.
+    pub async fn open(backend: B) -> anyhow::Result<Self> {
+        let backend = Arc::new(backend);
+        let identity = load_identity(&*backend).await?;
+        let initial = backend.read().await?.revisions().await?;
+        let (revisions_tx, revisions) = watch::channel(initial);
+        let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
+        let writer = tokio::spawn(writer::run(backend.clone(), queue_rx, revisions_tx));
+        let compactor = tokio::spawn(compactor(queue.downgrade(), revisions.clone()));
+        Ok(Store {
+            backend,
+            queue,
+            revisions,
+            identity,
+            tasks: vec![writer, compactor],
+        })
+    }
+
+    /// The cluster and member ids.
+    pub fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// The counters as of the last commit.
+    pub fn revisions(&self) -> Revisions {
+        *self.revisions.borrow()
+    }
+
+    /// Size of the underlying database.
+    pub async fn size(&self) -> StoreResult<DatabaseSize> {
+        Ok(self.backend.size().await?)
+    }
+
+    /// etcd Range.
+    pub async fn range(&self, req: &RangeRequest) -> StoreResult<RangeResponse> {
+        let mut txn = self.backend.read().await?;
+        let revs = txn.revisions().await?;
+        range::range(&mut txn, req, revs.current, revs.compact).await
+    }
+
+    /// etcd Put.
+    pub async fn put(&self, req: PutRequest) -> StoreResult<PutResponse> {
+        match self.write(WriteRequest::Put(req)).await? {
+            WriteResponse::Put(resp) => Ok(resp),
+            _ => unreachable!("writer answers a Put with a Put"),
+        }
+    }
+
+    /// etcd DeleteRange.
+    pub async fn delete_range(&self, req: DeleteRangeRequest) -> StoreResult<DeleteRangeResponse> {
+        match self.write(WriteRequest::DeleteRange(req)).await? {
+            WriteResponse::DeleteRange(resp) => Ok(resp),
+            _ => unreachable!("writer answers a DeleteRange with a DeleteRange"),
+        }
+    }
+
+    /// etcd Txn.
+    pub async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        match self.write(WriteRequest::Txn(req)).await? {
+            WriteResponse::Txn(resp) => Ok(resp),
+            _ => unreachable!("writer answers a Txn with a Txn"),
+        }
+    }
+
+    /// etcd Compact. With `physical` it returns once the history is gone.
+    pub async fn compact(&self, req: &CompactionRequest) -> StoreResult<CompactionResponse> {
+        let resp = match self.write(WriteRequest::Compact(req.revision)).await? {
+            WriteResponse::Compact(resp) => resp,
+            _ => unreachable!("writer answers a Compact with a Compact"),
+        };
+        if req.physical {
+            let mut revisions = self.revisions.clone();
+            revisions
+                .wait_for(|r| r.compacted_through >= req.revision)
+                .await
+                .map_err(|_| StoreError::Stopped)?;
+        }
+        Ok(resp)
+    }
+
+    async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
+        write_through(&self.queue, request).await
+    }
+
+    /// Stops accepting writes, lets the writer finish what is queued, and waits for it.
+    pub async fn shutdown(self) {
+        let Store { queue, tasks, .. } = self;
+        drop(queue);
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn write_through(
+    queue: &mpsc::Sender<Queued>,
+    request: WriteRequest,
+) -> StoreResult<WriteResponse> {
+    let (reply, answer) = oneshot::channel();
+    queue
+        .send(Queued { request, reply })
+        .await
+        .map_err(|_| StoreError::Stopped)?;
+    answer.await.map_err(|_| StoreError::Stopped)?
+}
+
+/// Removes compacted history step by step whenever the compact revision is
+/// ahead of what was removed. Holds only a weak handle on the queue so that
+/// shutdown is not kept waiting for it.
+async fn compactor(queue: mpsc::WeakSender<Queued>, mut revisions: watch::Receiver<Revisions>) {
+    loop {
+        if revisions
+            .wait_for(|r| r.compacted_through < r.compact)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let Some(queue) = queue.upgrade() else { return };
+        match write_through(&queue, WriteRequest::CompactStep).await {
+            Ok(_) => {}
+            Err(StoreError::Stopped) => return,
+            Err(error) => {
+                tracing::warn!("compaction step failed, retrying: {error}");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Reads the cluster and member ids, choosing them on first start.
+async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Identity> {
+    const CLUSTER: &str = "cluster_id";
+    const MEMBER: &str = "member_id";
+    let mut txn = backend.write().await?;
+    let stored = (txn.setting(CLUSTER).await?, txn.setting(MEMBER).await?);
+    let identity = match stored {
+        (Some(cluster), Some(member)) => Identity {
+            cluster_id: cluster as u64,
+            member_id: member as u64,
+        },
+        _ => {
+            let identity = Identity {
+                cluster_id: random_id(),
+                member_id: random_id(),
+            };
+            txn.set_setting(CLUSTER, identity.cluster_id as i64).await?;
+            txn.set_setting(MEMBER, identity.member_id as i64).await?;
+            identity
+        }
+    };
+    txn.commit().await?;
+    Ok(identity)
+}
+
+/// A non-zero id that also fits in a signed 64-bit database column.
+fn random_id() -> u64 {
+    rand::random_range(1..=i64::MAX as u64)
+}

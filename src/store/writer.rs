@@ -1,0 +1,170 @@
+//! The single writer: drains queued write requests, applies them in order in
+//! one database transaction (each request its own revision, later requests
+//! seeing earlier ones), commits once, then answers them all. One commit, and
+//! so one fsync, for every request that queued up while the last one ran.
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::apply::Applier;
+use super::error::{StoreError, StoreResult};
+use super::range::check_revision;
+use crate::backend::{Backend, ReadTxn, Revisions, WriteTxn};
+use crate::proto::etcdserverpb::{
+    CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
+    ResponseHeader, TxnRequest, TxnResponse,
+};
+
+/// Most requests committed together.
+const MAX_BATCH: usize = 256;
+/// Revisions of history one physical-compaction step goes through.
+const COMPACTION_STEP: i64 = 1000;
+
+/// A write request for the writer.
+pub enum WriteRequest {
+    /// etcd Put.
+    Put(PutRequest),
+    /// etcd DeleteRange.
+    DeleteRange(DeleteRangeRequest),
+    /// etcd Txn.
+    Txn(TxnRequest),
+    /// etcd Compact: move the compact revision (the history goes later).
+    Compact(i64),
+    /// Remove the next stretch of history below the compact revision.
+    CompactStep,
+}
+
+/// The writer's answer to a `WriteRequest`.
+pub enum WriteResponse {
+    /// Answer to Put.
+    Put(PutResponse),
+    /// Answer to DeleteRange.
+    DeleteRange(DeleteRangeResponse),
+    /// Answer to Txn.
+    Txn(TxnResponse),
+    /// Answer to Compact.
+    Compact(CompactionResponse),
+    /// Answer to CompactStep.
+    CompactStep,
+}
+
+/// A queued request and where its answer goes.
+pub struct Queued {
+    /// What to do.
+    pub request: WriteRequest,
+    /// Where to answer.
+    pub reply: oneshot::Sender<StoreResult<WriteResponse>>,
+}
+
+/// Runs until every sender of `queue` is gone.
+pub async fn run<B: Backend>(
+    backend: std::sync::Arc<B>,
+    mut queue: mpsc::Receiver<Queued>,
+    revisions: watch::Sender<Revisions>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        match commit(&*backend, &mut batch).await {
+            Ok((answers, now)) => {
+                revisions.send_if_modified(|old| std::mem::replace(old, now) != now);
+                for (queued, answer) in batch.drain(..).zip(answers) {
+                    let _ = queued.reply.send(answer);
+                }
+            }
+            Err(error) => {
+                tracing::error!("write batch failed: {error:#}");
+                let message = format!("{error:#}");
+                for queued in batch.drain(..) {
+                    let error = anyhow::anyhow!("{message}");
+                    let _ = queued.reply.send(Err(StoreError::Backend(error)));
+                }
+            }
+        }
+    }
+}
+
+/// Applies `batch` in one transaction. An error of one request is that
+/// request's answer; a database error fails the whole batch.
+async fn commit<B: Backend>(
+    backend: &B,
+    batch: &mut [Queued],
+) -> anyhow::Result<(Vec<StoreResult<WriteResponse>>, Revisions)> {
+    let mut txn = backend.write().await?;
+    let start = txn.revisions().await?;
+    let mut revs = start;
+    let mut answers = Vec::with_capacity(batch.len());
+    for queued in batch.iter() {
+        let answer = apply(&mut txn, &mut revs, &queued.request).await;
+        if let Err(StoreError::Backend(error)) = answer {
+            return Err(error);
+        }
+        answers.push(answer);
+    }
+    if revs != start {
+        txn.set_revisions(revs).await?;
+    }
+    txn.commit().await?;
+    Ok((answers, revs))
+}
+
+async fn apply<T: WriteTxn>(
+    txn: &mut T,
+    revs: &mut Revisions,
+    request: &WriteRequest,
+) -> StoreResult<WriteResponse> {
+    let mut applier = Applier::new(txn, revs.current, revs.compact);
+    let response = match request {
+        WriteRequest::Put(req) => WriteResponse::Put(applier.put(req).await?),
+        WriteRequest::DeleteRange(req) => {
+            WriteResponse::DeleteRange(applier.delete_range(req).await?)
+        }
+        WriteRequest::Txn(req) => WriteResponse::Txn(applier.txn(req).await?),
+        WriteRequest::Compact(revision) => {
+            compact(revs, *revision)?;
+            return Ok(WriteResponse::Compact(CompactionResponse {
+                header: Some(ResponseHeader {
+                    revision: revs.current,
+                    ..Default::default()
+                }),
+            }));
+        }
+        WriteRequest::CompactStep => return compact_step(txn, revs).await,
+    };
+    revs.current = applier.revision();
+    Ok(response)
+}
+
+/// etcd's rule: the compact revision only moves forward, and not past the present.
+fn compact(revs: &mut Revisions, revision: i64) -> StoreResult<()> {
+    if revision <= revs.compact {
+        return Err(StoreError::Compacted);
+    }
+    check_revision(revision, revs.current, revs.compact)?;
+    revs.compact = revision;
+    Ok(())
+}
+
+/// Removes history in `(compacted_through, compacted_through + STEP]`, capped
+/// at the compact revision. After compaction at C each key keeps only its
+/// newest entry at or below C, and none if that entry is a deletion. Earlier
+/// steps left at most one entry per key below the window, so for each entry in
+/// the window it is enough to drop the key's older entries, and to drop the
+/// entry itself if it is a deletion.
+async fn compact_step<T: WriteTxn>(
+    txn: &mut T,
+    revs: &mut Revisions,
+) -> StoreResult<WriteResponse> {
+    let through = revs.compact.min(revs.compacted_through + COMPACTION_STEP);
+    if through <= revs.compacted_through {
+        return Ok(WriteResponse::CompactStep);
+    }
+    for entry in txn.log_entries(revs.compacted_through, through).await? {
+        txn.remove_history_before(&entry.kv.key, entry.kv.mod_revision)
+            .await?;
+        if entry.deleted {
+            txn.remove_entry(&entry.kv.key, entry.kv.mod_revision)
+                .await?;
+        }
+    }
+    revs.compacted_through = through;
+    Ok(WriteResponse::CompactStep)
+}
