@@ -206,3 +206,6 @@ async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Identity> {
 fn random_id() -> u64 {
     rand::random_range(1..=i64::MAX as u64)
 }
+
+#[cfg(test)]
+mod tests;
