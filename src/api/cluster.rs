@@ -7,25 +7,22 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
-use crate::backend::Backend;
 use crate::proto::etcdserverpb::cluster_server::Cluster;
 use crate::proto::etcdserverpb::{
     Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse,
     MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
     MemberUpdateRequest, MemberUpdateResponse,
 };
-use crate::store::Store;
 
 /// The Cluster service of a single server.
-pub struct ClusterService<B: Backend> {
-    store: Arc<Store<B>>,
+pub struct ClusterService {
     info: Arc<ServerInfo>,
 }
 
-impl<B: Backend> ClusterService<B> {
-    /// The service describing the server that runs `store`.
-    pub fn new(store: Arc<Store<B>>, info: Arc<ServerInfo>) -> Self {
-        ClusterService { store, info }
+impl ClusterService {
+    /// The service describing this server.
+    pub fn new(info: Arc<ServerInfo>) -> Self {
+        ClusterService { info }
     }
 }
 
@@ -34,7 +31,7 @@ fn needs_replication() -> Status {
 }
 
 #[tonic::async_trait]
-impl<B: Backend> Cluster for ClusterService<B> {
+impl Cluster for ClusterService {
     async fn member_add(
         &self,
         _: Request<MemberAddRequest>,
@@ -68,7 +65,8 @@ impl<B: Backend> Cluster for ClusterService<B> {
             is_learner: false,
         };
         Ok(Response::new(MemberListResponse {
-            header: self.info.header(self.store.revisions().current),
+            // etcd's cluster service fills only the ids and the term, no revision.
+            header: self.info.header(0),
             members: vec![member],
         }))
     }

@@ -1,11 +1,14 @@
 //! Wires a store to the gRPC services and serves them until shutdown.
 
+mod authority;
+
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
 use tonic::transport::Server;
 
+use self::authority::AuthorityRepair;
 use crate::api::ServerInfo;
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
@@ -17,6 +20,19 @@ use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::store::Store;
+
+/// Accepted client connections, ready for the HTTP/2 server.
+fn client_connections(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityRepair<tokio::net::TcpStream>>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        let socket = accepted?;
+        // gRPC answers are small writes; Nagle's algorithm would hold them back.
+        socket.set_nodelay(true)?;
+        Ok(AuthorityRepair::new(socket))
+    })
+}
 
 /// gRPC accepts this much more than --max-request-bytes, as etcd does, so the
 /// size check can answer with etcd's own error.
@@ -69,13 +85,10 @@ async fn serve<B: Backend>(
                 .max_decoding_message_size(max_message),
         )
         .add_service(
-            ClusterServer::new(ClusterService::new(store.clone(), info.clone()))
+            ClusterServer::new(ClusterService::new(info.clone()))
                 .max_decoding_message_size(max_message),
         )
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(client_connections(listener), shutdown)
         .await
         .context("gRPC server failed")?;
 
