@@ -125,19 +125,14 @@ pub trait WriteTxn: ReadTxn {
         revisions: Revisions,
     ) -> impl Future<Output = BackendResult<()>> + Send;
 
-    /// Removes every log row of `key` with a revision below `revision`.
+    /// Removes every log row of `entry`'s key that comes before `entry`.
     fn remove_history_before(
         &mut self,
-        key: &[u8],
-        revision: i64,
+        entry: &LogEntry,
     ) -> impl Future<Output = BackendResult<()>> + Send;
 
-    /// Removes the log row of `key` at `revision`.
-    fn remove_entry(
-        &mut self,
-        key: &[u8],
-        revision: i64,
-    ) -> impl Future<Output = BackendResult<()>> + Send;
+    /// Removes the log row of `entry`.
+    fn remove_entry(&mut self, entry: &LogEntry) -> impl Future<Output = BackendResult<()>> + Send;
 
     /// Sets a named setting.
     fn set_setting(

@@ -163,21 +163,27 @@ const CURRENT_RANGE_FROM: &str = "SELECT key, value, create_revision, mod_revisi
      FROM kv WHERE key >= ?1 ORDER BY key LIMIT ?3";
 const CURRENT_COUNT: &str = "SELECT COUNT(*) FROM kv WHERE key >= ?1 AND key < ?2";
 const CURRENT_COUNT_FROM: &str = "SELECT COUNT(*) FROM kv WHERE key >= ?1";
-// SQLite returns the other columns of the row that holds MAX(revision).
-const HISTORY_RANGE: &str = "SELECT key, value, create_revision, revision, version, lease FROM \
-     (SELECT key, value, create_revision, MAX(revision) AS revision, version, lease, deleted \
-      FROM log WHERE key >= ?1 AND key < ?2 AND revision <= ?4 GROUP BY key) \
-     WHERE deleted = 0 ORDER BY key LIMIT ?3";
-const HISTORY_RANGE_FROM: &str = "SELECT key, value, create_revision, revision, version, lease FROM \
-     (SELECT key, value, create_revision, MAX(revision) AS revision, version, lease, deleted \
-      FROM log WHERE key >= ?1 AND revision <= ?4 GROUP BY key) \
-     WHERE deleted = 0 ORDER BY key LIMIT ?3";
-const HISTORY_COUNT: &str = "SELECT COUNT(*) FROM \
-     (SELECT MAX(revision), deleted FROM log WHERE key >= ?1 AND key < ?2 AND revision <= ?3 GROUP BY key) \
-     WHERE deleted = 0";
-const HISTORY_COUNT_FROM: &str = "SELECT COUNT(*) FROM \
-     (SELECT MAX(revision), deleted FROM log WHERE key >= ?1 AND revision <= ?3 GROUP BY key) \
-     WHERE deleted = 0";
+// A key's state at revision R is its log row with the largest (revision, sub)
+// at or below R: one key can change twice in one revision (a Txn may delete
+// from "\0" and put the same key, as etcd allows).
+const HISTORY_RANGE: &str = "SELECT key, value, create_revision, revision, version, lease \
+     FROM log AS l WHERE key >= ?1 AND key < ?2 AND revision <= ?4 AND deleted = 0 \
+     AND (revision, sub) = (SELECT revision, sub FROM log WHERE key = l.key AND revision <= ?4 \
+                            ORDER BY revision DESC, sub DESC LIMIT 1) \
+     ORDER BY key LIMIT ?3";
+const HISTORY_RANGE_FROM: &str = "SELECT key, value, create_revision, revision, version, lease \
+     FROM log AS l WHERE key >= ?1 AND revision <= ?4 AND deleted = 0 \
+     AND (revision, sub) = (SELECT revision, sub FROM log WHERE key = l.key AND revision <= ?4 \
+                            ORDER BY revision DESC, sub DESC LIMIT 1) \
+     ORDER BY key LIMIT ?3";
+const HISTORY_COUNT: &str = "SELECT COUNT(*) FROM log AS l \
+     WHERE key >= ?1 AND key < ?2 AND revision <= ?3 AND deleted = 0 \
+     AND (revision, sub) = (SELECT revision, sub FROM log WHERE key = l.key AND revision <= ?3 \
+                            ORDER BY revision DESC, sub DESC LIMIT 1)";
+const HISTORY_COUNT_FROM: &str = "SELECT COUNT(*) FROM log AS l \
+     WHERE key >= ?1 AND revision <= ?3 AND deleted = 0 \
+     AND (revision, sub) = (SELECT revision, sub FROM log WHERE key = l.key AND revision <= ?3 \
+                            ORDER BY revision DESC, sub DESC LIMIT 1)";
 
 fn kv_from_row(row: &Row<'_>) -> rusqlite::Result<KeyValue> {
     Ok(KeyValue {
@@ -388,17 +394,19 @@ impl WriteTxn for SqliteWrite {
         Ok(())
     }
 
-    async fn remove_history_before(&mut self, key: &[u8], revision: i64) -> BackendResult<()> {
+    async fn remove_history_before(&mut self, entry: &LogEntry) -> BackendResult<()> {
         self.conn
-            .prepare_cached("DELETE FROM log WHERE key = ?1 AND revision < ?2")?
-            .execute(params![key, revision])?;
+            .prepare_cached(
+                "DELETE FROM log WHERE key = ?1 AND revision <= ?2 AND (revision < ?2 OR sub < ?3)",
+            )?
+            .execute(params![entry.kv.key, entry.kv.mod_revision, entry.sub])?;
         Ok(())
     }
 
-    async fn remove_entry(&mut self, key: &[u8], revision: i64) -> BackendResult<()> {
+    async fn remove_entry(&mut self, entry: &LogEntry) -> BackendResult<()> {
         self.conn
-            .prepare_cached("DELETE FROM log WHERE key = ?1 AND revision = ?2")?
-            .execute(params![key, revision])?;
+            .prepare_cached("DELETE FROM log WHERE revision = ?1 AND sub = ?2")?
+            .execute(params![entry.kv.mod_revision, entry.sub])?;
         Ok(())
     }
 

@@ -34,6 +34,36 @@ fn client_connections(
     })
 }
 
+/// Reports a request over the gRPC size limit as grpc-go (and so etcd) does:
+/// ResourceExhausted "grpc: received message larger than max (N vs. M)"
+/// instead of tonic's OutOfRange and wording.
+fn etcd_message_size_error<B>(mut response: http::Response<B>) -> http::Response<B> {
+    const TONIC_PREFIX: &str = "Error, decoded message length too large: found ";
+    let headers = response.headers_mut();
+    let Some(message) = headers.get("grpc-message").map(|m| {
+        percent_encoding::percent_decode(m.as_bytes())
+            .decode_utf8_lossy()
+            .into_owned()
+    }) else {
+        return response;
+    };
+    let Some(message) = message.strip_prefix(TONIC_PREFIX) else {
+        return response;
+    };
+    let numbers: Vec<&str> = message
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if let [found, limit] = numbers[..] {
+        let text = format!("grpc: received message larger than max ({found} vs. {limit})");
+        if let Ok(value) = http::HeaderValue::from_str(&text) {
+            headers.insert("grpc-message", value);
+            headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+        }
+    }
+    response
+}
+
 /// gRPC accepts this much more than --max-request-bytes, as etcd does, so the
 /// size check can answer with etcd's own error.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -76,6 +106,7 @@ async fn serve<B: Backend>(
     );
 
     Server::builder()
+        .layer(tower::util::MapResponseLayer::new(etcd_message_size_error))
         .add_service(
             KvServer::new(KvService::new(store.clone(), info.clone()))
                 .max_decoding_message_size(max_message),

@@ -21,6 +21,14 @@ use crate::proto::mvccpb::{Event, KeyValue, event::EventType};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The two passes of etcd's Txn checks: every Put of the chosen branches is
+/// checked before any Range.
+#[derive(Clone, Copy)]
+enum Check {
+    Puts,
+    Ranges,
+}
+
 /// Which branch each Txn took: the top one, then its nested Txns in order.
 struct TxnPath {
     succeeded: bool,
@@ -58,7 +66,9 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
 
     /// A standalone Put.
     pub async fn put(&mut self, req: &PutRequest) -> StoreResult<PutResponse> {
-        self.check_put(req).await?;
+        // A standalone Put checks its lease first; a Put in a Txn checks it last.
+        self.check_lease(req).await?;
+        self.check_ignore_flags(req).await?;
         self.apply_put(req).await
     }
 
@@ -73,7 +83,8 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
     /// A Txn: compares, then checks of the chosen branches, then the writes.
     pub async fn txn(&mut self, req: &TxnRequest) -> StoreResult<TxnResponse> {
         let path = self.choose_path(req).await?;
-        self.check_branch(req, &path).await?;
+        self.check_branch(req, &path, Check::Puts).await?;
+        self.check_branch(req, &path, Check::Ranges).await?;
         let mut resp = self.apply_txn(req, &path).await?;
         resp.header = Some(header(self.revision()));
         Ok(resp)
@@ -114,25 +125,34 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
         Ok(kvs.iter().all(|kv| compare_kv(cmp, target, kv)))
     }
 
-    /// etcd's pre-write checks of the ops a Txn will run, against the state
-    /// before the Txn: ignore_value/ignore_lease need the key, leases must
-    /// exist, range revisions must be readable.
+    /// One pass of etcd's pre-write checks over the ops a Txn will run,
+    /// against the state before the Txn.
     fn check_branch<'b>(
         &'b mut self,
         req: &'b TxnRequest,
         path: &'b TxnPath,
+        check: Check,
     ) -> BoxFuture<'b, StoreResult<()>> {
         Box::pin(async move {
             let mut nested = path.nested.iter();
             for op in branch(req, path.succeeded) {
-                match &op.request {
-                    Some(Request::RequestTxn(inner)) => {
+                match (&op.request, check) {
+                    (Some(Request::RequestTxn(inner)), _) => {
                         let inner_path = nested.next().expect("one path per nested txn");
-                        self.check_branch(inner, inner_path).await?;
+                        self.check_branch(inner, inner_path, check).await?;
                     }
-                    Some(Request::RequestPut(put)) => self.check_put(put).await?,
-                    Some(Request::RequestRange(r)) if r.revision != 0 => {
-                        range::check_revision(r.revision, self.begin, self.compact)?;
+                    (Some(Request::RequestPut(put)), Check::Puts) => {
+                        self.check_ignore_flags(put).await?;
+                        self.check_lease(put).await?;
+                    }
+                    (Some(Request::RequestRange(range)), Check::Ranges) => {
+                        // Unlike a plain Range, a negative revision is checked as it is.
+                        if range.revision > self.begin {
+                            return Err(StoreError::FutureRevision);
+                        }
+                        if range.revision != 0 && range.revision < self.compact {
+                            return Err(StoreError::Compacted);
+                        }
                     }
                     _ => {}
                 }
@@ -141,10 +161,15 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
         })
     }
 
-    async fn check_put(&mut self, req: &PutRequest) -> StoreResult<()> {
+    /// ignore_value and ignore_lease need an existing key.
+    async fn check_ignore_flags(&mut self, req: &PutRequest) -> StoreResult<()> {
         if (req.ignore_value || req.ignore_lease) && self.current(&req.key).await?.is_none() {
             return Err(StoreError::KeyNotFound);
         }
+        Ok(())
+    }
+
+    async fn check_lease(&mut self, req: &PutRequest) -> StoreResult<()> {
         if req.lease != 0 && !self.lease_exists(req.lease).await? {
             return Err(StoreError::LeaseNotFound);
         }

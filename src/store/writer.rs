@@ -147,8 +147,8 @@ fn compact(revs: &mut Revisions, revision: i64) -> StoreResult<()> {
 /// at the compact revision. After compaction at C each key keeps only its
 /// newest entry at or below C, and none if that entry is a deletion. Earlier
 /// steps left at most one entry per key below the window, so for each entry in
-/// the window it is enough to drop the key's older entries, and to drop the
-/// entry itself if it is a deletion.
+/// the window (in (revision, sub) order) it is enough to drop the key's
+/// earlier entries, and to drop the entry itself if it is a deletion.
 async fn compact_step<T: WriteTxn>(
     txn: &mut T,
     revs: &mut Revisions,
@@ -158,11 +158,9 @@ async fn compact_step<T: WriteTxn>(
         return Ok(WriteResponse::CompactStep);
     }
     for entry in txn.log_entries(revs.compacted_through, through).await? {
-        txn.remove_history_before(&entry.kv.key, entry.kv.mod_revision)
-            .await?;
+        txn.remove_history_before(&entry).await?;
         if entry.deleted {
-            txn.remove_entry(&entry.kv.key, entry.kv.mod_revision)
-                .await?;
+            txn.remove_entry(&entry).await?;
         }
     }
     revs.compacted_through = through;
