@@ -153,6 +153,20 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGTERM, then waits up to `timeout` for the exit status.
+    fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// SIGKILL and reap; fine to call on an already dead process.
     fn kill(&mut self) {
         let _ = self.child.kill();
@@ -327,6 +341,15 @@ impl Cetera {
         if let Some(mut p) = self.proc.take() {
             p.kill();
         }
+    }
+
+    /// Sends SIGTERM and returns the exit status, or None if the server did not
+    /// exit within `timeout` (it is then killed).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut proc = self.proc.take()?;
+        let status = proc.terminate(timeout);
+        proc.kill();
+        status
     }
 
     /// Kills the server if still running and starts it again on the same database and
