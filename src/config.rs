@@ -49,9 +49,23 @@ pub struct Config {
     #[arg(long, env = "CETERA_EMULATED_ETCD_VERSION", default_value = "3.5.13")]
     pub emulated_etcd_version: String,
 
+    /// How often watchers that ask for progress notifications get one
+    /// (etcd's --experimental-watch-progress-notify-interval; Kubernetes setups use 5s).
+    #[arg(long, env = "CETERA_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_interval)]
+    pub watch_progress_notify_interval: std::time::Duration,
+
     /// Log line format.
     #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+}
+
+/// A duration such as `5s` or `100ms`, at least 100 ms as etcd requires.
+fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    let interval = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if interval < std::time::Duration::from_millis(100) {
+        return Err("must be at least 100ms".to_string());
+    }
+    Ok(interval)
 }
 
 /// How log lines are written.

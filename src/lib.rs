@@ -10,3 +10,4 @@ pub mod config;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod watch;

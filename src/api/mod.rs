@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod kv;
 pub mod maintenance;
+pub mod watch;
 
 use tonic::{Code, Status};
 

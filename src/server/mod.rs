@@ -13,13 +13,16 @@ use crate::api::ServerInfo;
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
 use crate::api::maintenance::MaintenanceService;
+use crate::api::watch::WatchService;
 use crate::backend::Backend;
 use crate::backend::sqlite::Sqlite;
 use crate::config::{Config, Datastore};
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
+use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::store::Store;
+use crate::watch::session::SessionOptions;
 
 /// Accepted client connections, ready for the HTTP/2 server.
 fn client_connections(
@@ -94,6 +97,17 @@ async fn serve<B: Backend>(
         client_urls: config.client_urls(),
     });
     let max_message = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    // Streams never end by themselves: shutdown ends them so that the
+    // graceful drain can finish.
+    let (stopping, stop_streams) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping.send(true);
+    };
+    let watch_options = SessionOptions {
+        progress_interval: config.watch_progress_notify_interval,
+        max_response_bytes: config.max_request_bytes,
+    };
 
     let listener = tokio::net::TcpListener::bind(config.listen_address)
         .await
@@ -110,6 +124,15 @@ async fn serve<B: Backend>(
         .add_service(
             KvServer::new(KvService::new(store.clone(), info.clone()))
                 .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            WatchServer::new(WatchService::new(
+                store.clone(),
+                info.clone(),
+                watch_options,
+                stop_streams,
+            ))
+            .max_decoding_message_size(max_message),
         )
         .add_service(
             MaintenanceServer::new(MaintenanceService::new(store.clone(), info.clone()))

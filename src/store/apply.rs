@@ -287,8 +287,21 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
         &mut self,
         kind: EventType,
         kv: KeyValue,
-        prev_kv: Option<KeyValue>,
+        mut prev_kv: Option<KeyValue>,
     ) -> StoreResult<()> {
+        // A key changed earlier in this request: watchers see its state before
+        // the request as the previous one, as etcd reads it at revision - 1.
+        if prev_kv
+            .as_ref()
+            .is_some_and(|p| p.mod_revision == self.begin + 1)
+        {
+            prev_kv = self
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.kv.as_ref().is_some_and(|k| k.key == kv.key))
+                .and_then(|e| e.prev_kv.clone());
+        }
         let entry = LogEntry {
             sub: self.events.len() as i64,
             deleted: kind == EventType::Delete,

@@ -18,11 +18,13 @@ use tokio::task::JoinHandle;
 
 pub use self::error::{StoreError, StoreResult};
 use self::writer::{Queued, WriteRequest, WriteResponse};
-use crate::backend::{Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{Backend, DatabaseSize, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
+use crate::proto::mvccpb::{Event, event::EventType};
+use crate::watch::hub::{RevisionEvents, WatchHub};
 
 /// Write requests waiting for the writer before senders wait too.
 const QUEUE_DEPTH: usize = 4096;
@@ -42,6 +44,7 @@ pub struct Store<B: Backend> {
     backend: Arc<B>,
     queue: mpsc::Sender<Queued>,
     revisions: watch::Receiver<Revisions>,
+    hub: Arc<WatchHub>,
     identity: Identity,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -53,13 +56,20 @@ impl<B: Backend> Store<B> {
         let identity = load_identity(&*backend).await?;
         let initial = backend.read().await?.revisions().await?;
         let (revisions_tx, revisions) = watch::channel(initial);
+        let hub = Arc::new(WatchHub::new(initial.current));
         let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
-        let writer = tokio::spawn(writer::run(backend.clone(), queue_rx, revisions_tx));
+        let writer = tokio::spawn(writer::run(
+            backend.clone(),
+            queue_rx,
+            revisions_tx,
+            hub.clone(),
+        ));
         let compactor = tokio::spawn(compactor(queue.downgrade(), revisions.clone()));
         Ok(Store {
             backend,
             queue,
             revisions,
+            hub,
             identity,
             tasks: vec![writer, compactor],
         })
@@ -73,6 +83,58 @@ impl<B: Backend> Store<B> {
     /// The counters as of the last commit.
     pub fn revisions(&self) -> Revisions {
         *self.revisions.borrow()
+    }
+
+    /// The hub that tells watchers about new revisions.
+    pub fn hub(&self) -> &WatchHub {
+        &self.hub
+    }
+
+    /// The revisions in `(after, through]`, read from the log, each event
+    /// with the key's state at the previous revision when asked (and not
+    /// compacted away), as etcd's watch catch-up delivers them.
+    pub async fn history(
+        &self,
+        after: i64,
+        through: i64,
+        with_prev_kv: bool,
+    ) -> StoreResult<Vec<RevisionEvents>> {
+        let mut txn = self.backend.read().await?;
+        let revs = txn.revisions().await?;
+        if after + 1 < revs.compact {
+            return Err(StoreError::Compacted);
+        }
+        let through = revs.current.min(through);
+        let mut history: Vec<RevisionEvents> = Vec::new();
+        for entry in txn.log_entries(after, through).await? {
+            let revision = entry.kv.mod_revision;
+            let is_create = !entry.deleted && entry.kv.create_revision == revision;
+            let prev_kv = if with_prev_kv && !is_create && revision > revs.compact {
+                let key = KeyRange::single(&entry.kv.key);
+                txn.range(&key, ReadAt::Revision(revision - 1), 1, false)
+                    .await?
+                    .pop()
+            } else {
+                None
+            };
+            let event = Event {
+                r#type: if entry.deleted {
+                    EventType::Delete
+                } else {
+                    EventType::Put
+                } as i32,
+                kv: Some(entry.kv),
+                prev_kv,
+            };
+            match history.last_mut() {
+                Some(last) if last.revision == revision => last.events.push(event),
+                _ => history.push(RevisionEvents {
+                    revision,
+                    events: vec![event],
+                }),
+            }
+        }
+        Ok(history)
     }
 
     /// Size of the underlying database.

@@ -13,6 +13,7 @@ use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
     ResponseHeader, TxnRequest, TxnResponse,
 };
+use crate::watch::hub::{RevisionEvents, WatchHub};
 
 /// Most requests committed together.
 const MAX_BATCH: usize = 256;
@@ -60,11 +61,14 @@ pub async fn run<B: Backend>(
     backend: std::sync::Arc<B>,
     mut queue: mpsc::Receiver<Queued>,
     revisions: watch::Sender<Revisions>,
+    hub: std::sync::Arc<WatchHub>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         match commit(&*backend, &mut batch).await {
-            Ok((answers, now)) => {
+            Ok((answers, now, committed)) => {
+                // Watchers hear of a write before its writer does, as in etcd.
+                hub.publish(committed);
                 revisions.send_if_modified(|old| std::mem::replace(old, now) != now);
                 for (queued, answer) in batch.drain(..).zip(answers) {
                     let _ = queued.reply.send(answer);
@@ -84,16 +88,21 @@ pub async fn run<B: Backend>(
 
 /// Applies `batch` in one transaction. An error of one request is that
 /// request's answer; a database error fails the whole batch.
-async fn commit<B: Backend>(
-    backend: &B,
-    batch: &mut [Queued],
-) -> anyhow::Result<(Vec<StoreResult<WriteResponse>>, Revisions)> {
+/// The answers, the counters after the batch, and the events of each new revision.
+type Committed = (
+    Vec<StoreResult<WriteResponse>>,
+    Revisions,
+    Vec<RevisionEvents>,
+);
+
+async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
     let start = txn.revisions().await?;
     let mut revs = start;
     let mut answers = Vec::with_capacity(batch.len());
+    let mut committed = Vec::new();
     for queued in batch.iter() {
-        let answer = apply(&mut txn, &mut revs, &queued.request).await;
+        let answer = apply(&mut txn, &mut revs, &queued.request, &mut committed).await;
         if let Err(StoreError::Backend(error)) = answer {
             return Err(error);
         }
@@ -103,13 +112,14 @@ async fn commit<B: Backend>(
         txn.set_revisions(revs).await?;
     }
     txn.commit().await?;
-    Ok((answers, revs))
+    Ok((answers, revs, committed))
 }
 
 async fn apply<T: WriteTxn>(
     txn: &mut T,
     revs: &mut Revisions,
     request: &WriteRequest,
+    committed: &mut Vec<RevisionEvents>,
 ) -> StoreResult<WriteResponse> {
     let mut applier = Applier::new(txn, revs.current, revs.compact);
     let response = match request {
@@ -130,6 +140,12 @@ async fn apply<T: WriteTxn>(
         WriteRequest::CompactStep => return compact_step(txn, revs).await,
     };
     revs.current = applier.revision();
+    if !applier.events.is_empty() {
+        committed.push(RevisionEvents {
+            revision: revs.current,
+            events: std::mem::take(&mut applier.events),
+        });
+    }
     Ok(response)
 }
 

@@ -463,3 +463,536 @@ impl Drop for Etcd {
         self.proc.kill();
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Watch and lease helpers, shared by tests/watch.rs, lease.rs, kubernetes.rs and
+// watch_load.rs
+// ---------------------------------------------------------------------------------------
+
+impl Cetera {
+    /// The server's process id (e.g. to read its memory use from /proc), while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(|p| p.child.id())
+    }
+}
+
+/// A gRPC channel to `endpoint`, without a per-call timeout (it would also cut
+/// long-lived watch streams); tests bound their own waits.
+pub async fn channel(endpoint: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .expect("endpoint URL")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect {endpoint}: {e}"))
+}
+
+/// One Watch stream over the raw generated client.
+///
+/// A Go gRPC server sends the response headers of a stream only with its first message,
+/// and tonic's `watch()` waits for those headers, so the call runs in a task of its own:
+/// requests can be queued before the server has answered anything. Responses pass through
+/// a small bounded channel, so a test that stops reading still pushes back on the server.
+pub struct WatchStream {
+    requests: tokio::sync::mpsc::UnboundedSender<cetera::proto::etcdserverpb::WatchRequest>,
+    responses: tokio::sync::mpsc::Receiver<Result<WatchResponse, tonic::Status>>,
+}
+
+use cetera::proto::etcdserverpb::{
+    WatchCreateRequest, WatchRequest, WatchResponse, watch_request::RequestUnion,
+};
+
+impl WatchStream {
+    /// Opens a stream on `channel`. With `has_leader`, sends the `hasleader=true` metadata
+    /// that the Kubernetes apiserver (through clientv3's `WithRequireLeader`) attaches.
+    pub fn open(channel: tonic::transport::Channel, has_leader: bool) -> WatchStream {
+        let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, responses) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut client = cetera::proto::etcdserverpb::watch_client::WatchClient::new(channel);
+            let mut request =
+                tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+            if has_leader {
+                request
+                    .metadata_mut()
+                    .insert("hasleader", "true".parse().expect("ascii metadata"));
+            }
+            let mut stream = match client.watch(request).await {
+                Ok(response) => response.into_inner(),
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            };
+            loop {
+                let item = match stream.message().await {
+                    Ok(Some(response)) => Ok(response),
+                    Ok(None) => Err(tonic::Status::unknown("watch stream ended")),
+                    Err(status) => Err(status),
+                };
+                let end = item.is_err();
+                if tx.send(item).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        WatchStream {
+            requests,
+            responses,
+        }
+    }
+
+    fn send(&self, request: RequestUnion) {
+        // A closed request channel means the stream ended; `recv` reports why.
+        let _ = self.requests.send(WatchRequest {
+            request_union: Some(request),
+        });
+    }
+
+    /// Sends a WatchCreateRequest.
+    pub fn create(&self, create: WatchCreateRequest) {
+        self.send(RequestUnion::CreateRequest(create));
+    }
+
+    /// Sends a WatchCancelRequest for `watch_id`.
+    pub fn cancel(&self, watch_id: i64) {
+        self.send(RequestUnion::CancelRequest(
+            cetera::proto::etcdserverpb::WatchCancelRequest { watch_id },
+        ));
+    }
+
+    /// Sends a WatchProgressRequest.
+    pub fn request_progress(&self) {
+        self.send(RequestUnion::ProgressRequest(
+            cetera::proto::etcdserverpb::WatchProgressRequest {},
+        ));
+    }
+
+    /// The next response; Err describes a timeout, a gRPC error or the end of the stream.
+    pub async fn recv(&mut self, timeout: Duration) -> Result<WatchResponse, String> {
+        match tokio::time::timeout(timeout, self.responses.recv()).await {
+            Err(_) => Err(format!("no response within {timeout:?}")),
+            Ok(None) => Err("watch stream ended".to_string()),
+            Ok(Some(Err(status))) => Err(format!(
+                "stream error {:?}: {}",
+                status.code(),
+                status.message()
+            )),
+            Ok(Some(Ok(response))) => Ok(response),
+        }
+    }
+}
+
+/// Bytes as a quoted, escaped string: `"a/\x00"`.
+pub fn show(bytes: &[u8]) -> String {
+    let escaped: String = bytes
+        .iter()
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect();
+    format!("\"{escaped}\"")
+}
+
+/// A key-value in one line: `"k"="v" c=2 m=3 ver=2` (plus `lease=N` when leased).
+pub fn show_kv(kv: &cetera::proto::mvccpb::KeyValue) -> String {
+    let mut s = format!(
+        "{}={} c={} m={} ver={}",
+        show(&kv.key),
+        show(&kv.value),
+        kv.create_revision,
+        kv.mod_revision,
+        kv.version
+    );
+    if kv.lease != 0 {
+        s += &format!(" lease={}", kv.lease);
+    }
+    s
+}
+
+/// A watch event in one line: `PUT "k"="v" c=2 m=3 ver=2 prev=[...]`.
+pub fn show_event(event: &cetera::proto::mvccpb::Event) -> String {
+    let kind = match event.r#type {
+        0 => "PUT".to_string(),
+        1 => "DELETE".to_string(),
+        t => format!("type={t}"),
+    };
+    let kv = event.kv.as_ref().map(show_kv).unwrap_or("no kv".into());
+    match &event.prev_kv {
+        Some(prev) => format!("{kind} {kv} prev=[{}]", show_kv(prev)),
+        None => format!("{kind} {kv}"),
+    }
+}
+
+/// A watch response in one line, without the header fields that identify the server:
+/// `rev=5 id=0 created`, `rev=6 id=0 events=[PUT ...; DELETE ...]`.
+pub fn show_watch_response(r: &WatchResponse) -> String {
+    let mut s = format!(
+        "rev={} id={}",
+        r.header.as_ref().map_or(-1, |h| h.revision),
+        r.watch_id
+    );
+    if r.created {
+        s += " created";
+    }
+    if r.canceled {
+        s += " canceled";
+    }
+    if r.compact_revision != 0 {
+        s += &format!(" compact_revision={}", r.compact_revision);
+    }
+    if !r.cancel_reason.is_empty() {
+        s += &format!(" reason={:?}", r.cancel_reason);
+    }
+    if r.fragment {
+        s += " fragment";
+    }
+    if !r.events.is_empty() {
+        let events: Vec<String> = r.events.iter().map(show_event).collect();
+        s += &format!(" events=[{}]", events.join("; "));
+    }
+    s
+}
+
+/// How long a differential watch/lease test waits for a response it expects.
+pub const WAIT: Duration = Duration::from_secs(2);
+
+/// One server of a differential watch/lease test (see [`differential`]): clients, and the
+/// transcript of every step's outcome, rendered as text for comparison.
+pub struct Side {
+    /// "etcd", "cetera", or "etcd #2" in self-check mode.
+    pub name: &'static str,
+    /// `127.0.0.1:PORT`, for etcdctl.
+    pub addr: String,
+    pub channel: tonic::transport::Channel,
+    pub kv: KvClient<tonic::transport::Channel>,
+    transcript: Vec<(String, String)>,
+    /// Lease ids the server chose, in grant order; shown as `<lease#N>` when comparing.
+    server_leases: Vec<i64>,
+    _server: Box<dyn std::any::Any + Send>,
+}
+
+impl Side {
+    async fn new(name: &'static str, addr: String, server: Box<dyn std::any::Any + Send>) -> Side {
+        let channel = channel(&format!("http://{addr}")).await;
+        Side {
+            name,
+            addr,
+            kv: KvClient::new(channel.clone()),
+            channel,
+            transcript: Vec::new(),
+            server_leases: Vec::new(),
+            _server: server,
+        }
+    }
+
+    /// Records the outcome of one step. Every step records exactly one entry, so the
+    /// two transcripts line up even where the servers disagree.
+    pub fn note(&mut self, step: impl Into<String>, outcome: impl Into<String>) {
+        self.transcript.push((step.into(), outcome.into()));
+    }
+
+    /// Registers a lease id chosen by the server; both servers grant in the same order,
+    /// so `<lease#N>` names the same lease on both sides.
+    pub fn server_lease(&mut self, id: i64) {
+        if !self.server_leases.contains(&id) {
+            self.server_leases.push(id);
+        }
+    }
+
+    /// The transcript with server-chosen lease ids (decimal, and lower-case hex as
+    /// etcdctl prints them) replaced by `<lease#N>`.
+    fn masked_transcript(&self) -> Vec<(String, String)> {
+        let mask = |text: &str| {
+            let mut text = text.to_string();
+            for (n, id) in self.server_leases.iter().enumerate() {
+                text = text
+                    .replace(&id.to_string(), &format!("<lease#{n}>"))
+                    .replace(&format!("{id:x}"), &format!("<lease#{n}>"));
+            }
+            text
+        };
+        self.transcript
+            .iter()
+            .map(|(step, outcome)| (step.clone(), mask(outcome)))
+            .collect()
+    }
+
+    /// Opens a Watch stream.
+    pub fn watch(&self) -> WatchStream {
+        WatchStream::open(self.channel.clone(), false)
+    }
+
+    /// Puts `key=value`, records the revision (or error) and returns the revision.
+    pub async fn put(&mut self, key: &[u8], value: &[u8]) -> i64 {
+        self.put_req(PutRequest {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Sends a Put, records `put <key> -> rev=N` or the error; returns the revision (0
+    /// on error).
+    pub async fn put_req(&mut self, put: PutRequest) -> i64 {
+        let step = format!("put {}={}", show(&put.key), show(&put.value));
+        let result = self.kv.put(put).await;
+        let revision = result
+            .as_ref()
+            .map_or(0, |r| header_rev(&r.get_ref().header));
+        self.note(
+            step,
+            outcome(result, |r| match &r.prev_kv {
+                Some(prev) => format!("rev={} prev=[{}]", header_rev(&r.header), show_kv(prev)),
+                None => format!("rev={}", header_rev(&r.header)),
+            }),
+        );
+        revision
+    }
+
+    /// Deletes `[key, range_end)` (a single key when `range_end` is empty).
+    pub async fn delete(&mut self, key: &[u8], range_end: &[u8]) -> i64 {
+        let step = format!("delete {}..{}", show(key), show(range_end));
+        let result = self
+            .kv
+            .delete_range(DeleteRangeRequest {
+                key: key.to_vec(),
+                range_end: range_end.to_vec(),
+                ..Default::default()
+            })
+            .await;
+        let revision = result
+            .as_ref()
+            .map_or(0, |r| header_rev(&r.get_ref().header));
+        self.note(
+            step,
+            outcome(result, |r| {
+                format!("rev={} deleted={}", header_rev(&r.header), r.deleted)
+            }),
+        );
+        revision
+    }
+
+    /// Sends a Txn; records the revision and which branch ran.
+    pub async fn txn(&mut self, step: &str, txn: TxnRequest) -> i64 {
+        let result = self.kv.txn(txn).await;
+        let revision = result
+            .as_ref()
+            .map_or(0, |r| header_rev(&r.get_ref().header));
+        self.note(
+            step,
+            outcome(result, |r| {
+                format!("rev={} succeeded={}", header_rev(&r.header), r.succeeded)
+            }),
+        );
+        revision
+    }
+
+    /// Compacts at `revision`, waiting for the physical compaction.
+    pub async fn compact(&mut self, revision: i64) {
+        let result = self
+            .kv
+            .compact(CompactionRequest {
+                revision,
+                physical: true,
+            })
+            .await;
+        self.note(
+            format!("compact {revision}"),
+            outcome(result, |r| format!("rev={}", header_rev(&r.header))),
+        );
+    }
+
+    /// Reads the value of one key and records it.
+    pub async fn get(&mut self, key: &[u8]) {
+        let result = self
+            .kv
+            .range(RangeRequest {
+                key: key.to_vec(),
+                ..Default::default()
+            })
+            .await;
+        self.note(
+            format!("get {}", show(key)),
+            outcome(result, |r| {
+                let kvs: Vec<String> = r.kvs.iter().map(show_kv).collect();
+                format!("rev={} kvs=[{}]", header_rev(&r.header), kvs.join("; "))
+            }),
+        );
+    }
+
+    /// Records the next response on `ws` (or that none came within [`WAIT`]).
+    pub async fn recv(&mut self, ws: &mut WatchStream, step: &str) -> Option<WatchResponse> {
+        let response = ws.recv(WAIT).await;
+        self.note(
+            step,
+            response
+                .as_ref()
+                .map_or_else(|e| format!("ERROR: {e}"), show_watch_response),
+        );
+        response.ok()
+    }
+
+    /// Records the next `n` responses on `ws`, ordered by watch id: etcd answers the
+    /// watchers a write concerns in no particular order.
+    pub async fn recv_sorted(&mut self, ws: &mut WatchStream, n: usize, step: &str) {
+        let mut responses = Vec::new();
+        let mut error = None;
+        for _ in 0..n {
+            match ws.recv(WAIT).await {
+                Ok(r) => responses.push(r),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        responses.sort_by_key(|r| r.watch_id);
+        let mut lines: Vec<String> = responses.iter().map(show_watch_response).collect();
+        lines.extend(error.map(|e| format!("ERROR after {} responses: {e}", lines.len())));
+        self.note(step, lines.join("\n"));
+    }
+
+    /// Reads until `controls` responses without events and `events` events have arrived,
+    /// and records them with response boundaries erased: the control responses in arrival
+    /// order, then each watch id's events in order (each with its response's header
+    /// revision). For catching-up watchers, whose batching depends on timing.
+    pub async fn recv_flat(
+        &mut self,
+        ws: &mut WatchStream,
+        controls: usize,
+        events: usize,
+        step: &str,
+    ) {
+        let deadline = Instant::now() + WAIT * 2;
+        let (mut seen_controls, mut seen_events) = (Vec::new(), Vec::new());
+        let mut error = None;
+        while seen_controls.len() < controls || seen_events.len() < events {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ws.recv(left).await {
+                Ok(r) if r.events.is_empty() => seen_controls.push(show_watch_response(&r)),
+                Ok(r) => {
+                    let rev = header_rev(&r.header);
+                    for event in &r.events {
+                        seen_events.push((r.watch_id, format!("rev={rev} {}", show_event(event))));
+                    }
+                }
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        // Stable: keeps each watcher's events in arrival order.
+        seen_events.sort_by_key(|(id, _)| *id);
+        let mut lines = seen_controls;
+        lines.extend(
+            seen_events
+                .into_iter()
+                .map(|(id, e)| format!("id={id} {e}")),
+        );
+        lines.extend(error.map(|e| format!("ERROR: {e}")));
+        self.note(step, lines.join("\n"));
+    }
+
+    /// Records whether `ws` stays silent for `wait`, listing anything that arrives.
+    pub async fn quiet(&mut self, ws: &mut WatchStream, wait: Duration, step: &str) {
+        let deadline = Instant::now() + wait;
+        let mut extra = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match ws.recv(left).await {
+                Ok(r) => extra.push(format!("unexpected: {}", show_watch_response(&r))),
+                Err(e) if e.starts_with("no response") => break,
+                Err(e) => {
+                    extra.push(format!("ERROR: {e}"));
+                    break;
+                }
+            }
+        }
+        let outcome = if extra.is_empty() {
+            "quiet".to_string()
+        } else {
+            extra.join("\n")
+        };
+        self.note(step, outcome);
+    }
+}
+
+use cetera::proto::etcdserverpb::{
+    CompactionRequest, DeleteRangeRequest, PutRequest, ResponseHeader, TxnRequest,
+};
+
+/// The revision in a response header (0 when there is no header).
+pub fn header_rev(header: &Option<ResponseHeader>) -> i64 {
+    header.as_ref().map_or(0, |h| h.revision)
+}
+
+/// A unary call's outcome as text: `show(response)`, or `ERR <code>: <message>`.
+pub fn outcome<T>(
+    result: Result<tonic::Response<T>, tonic::Status>,
+    show: impl FnOnce(&T) -> String,
+) -> String {
+    match result {
+        Ok(r) => show(r.get_ref()),
+        Err(s) => format!("ERR {:?}: {}", s.code(), s.message()),
+    }
+}
+
+/// True when env `CETERA_DIFF_SELF_CHECK=1`: differential tests then compare etcd with a
+/// second etcd instead of cetera, which must pass and shows the tests are deterministic.
+pub fn self_check() -> bool {
+    std::env::var("CETERA_DIFF_SELF_CHECK").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// Runs `scenario` against a fresh etcd (started with `etcd_args`) and a fresh cetera
+/// (with `cetera_args`) at the same time, then compares the two transcripts step by step
+/// and panics listing every step where they differ. Skips when etcd is not installed
+/// outside CI.
+pub async fn differential(
+    etcd_args: &[&str],
+    cetera_args: &[&str],
+    scenario: impl AsyncFn(&mut Side),
+) {
+    let (etcd, subject): (
+        Option<Etcd>,
+        Option<(&str, String, Box<dyn std::any::Any + Send>)>,
+    ) = if self_check() {
+        let (a, b) = tokio::join!(Etcd::start_with(etcd_args), Etcd::start_with(etcd_args));
+        (a, b.map(|b| ("etcd #2", b.addr(), Box::new(b) as _)))
+    } else {
+        let (a, b) = tokio::join!(Etcd::start_with(etcd_args), Cetera::start_with(cetera_args));
+        (a, Some(("cetera", b.addr(), Box::new(b) as _)))
+    };
+    let (Some(etcd), Some((name, addr, server))) = (etcd, subject) else {
+        return;
+    };
+    let mut expected = Side::new("etcd", etcd.addr(), Box::new(etcd)).await;
+    let mut actual = Side::new(name, addr, server).await;
+    tokio::join!(scenario(&mut expected), scenario(&mut actual));
+    let (want, got) = (expected.masked_transcript(), actual.masked_transcript());
+    let mut report = String::new();
+    for i in 0..want.len().max(got.len()) {
+        let (w, g) = (want.get(i), got.get(i));
+        if w.map(|x| &x.1) == g.map(|x| &x.1) {
+            continue;
+        }
+        let step = w.or(g).map_or("", |x| x.0.as_str());
+        let indent = |o: Option<&(String, String)>| {
+            o.map_or("<no such step>".to_string(), |x| {
+                x.1.replace('\n', "\n            ")
+            })
+        };
+        report += &format!(
+            "\n  step {i}: {step}\n    etcd:   {}\n    {name}: {}",
+            indent(w),
+            indent(g)
+        );
+    }
+    if !report.is_empty() {
+        panic!("etcd and {name} disagree:{report}");
+    }
+}
