@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
 pub mod watch;
 
@@ -108,6 +109,12 @@ impl From<StoreError> for Status {
             StoreError::KeyNotFound => errors::key_not_found(),
             StoreError::LeaseNotFound => {
                 Status::new(Code::NotFound, "etcdserver: requested lease not found")
+            }
+            StoreError::LeaseExists => {
+                Status::new(Code::FailedPrecondition, "etcdserver: lease already exists")
+            }
+            StoreError::LeaseTtlTooLarge => {
+                Status::new(Code::OutOfRange, "etcdserver: too large lease TTL")
             }
             StoreError::Stopped => Status::new(Code::Unavailable, "etcdserver: server stopped"),
             StoreError::Backend(error) => {

@@ -81,6 +81,17 @@ pub struct LogEntry {
     pub deleted: bool,
 }
 
+/// A lease as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The lease id.
+    pub id: i64,
+    /// The TTL it was granted, in seconds.
+    pub ttl: i64,
+    /// When it expires, in Unix milliseconds.
+    pub expires_at: i64,
+}
+
 /// A consistent, read-only view of the database.
 pub trait ReadTxn: Send {
     /// The counters as of this view.
@@ -112,6 +123,22 @@ pub trait ReadTxn: Send {
 
     /// A named setting, if set.
     fn setting(&mut self, name: &str) -> impl Future<Output = BackendResult<Option<i64>>> + Send;
+
+    /// The lease `id`, if granted and not yet revoked.
+    fn lease(&mut self, id: i64) -> impl Future<Output = BackendResult<Option<LeaseRow>>> + Send;
+
+    /// Every lease, soonest deadline first.
+    fn leases(&mut self) -> impl Future<Output = BackendResult<Vec<LeaseRow>>> + Send;
+
+    /// Up to `limit` leases whose deadline is at or before `now_ms`.
+    fn expired_leases(
+        &mut self,
+        now_ms: i64,
+        limit: usize,
+    ) -> impl Future<Output = BackendResult<Vec<i64>>> + Send;
+
+    /// The live keys attached to lease `id`, ascending by key.
+    fn lease_keys(&mut self, id: i64) -> impl Future<Output = BackendResult<Vec<KeyValue>>> + Send;
 }
 
 /// A write transaction: nothing is visible to readers until `commit`.
@@ -140,6 +167,12 @@ pub trait WriteTxn: ReadTxn {
         name: &str,
         value: i64,
     ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Stores a lease (new, or with a new deadline).
+    fn put_lease(&mut self, lease: &LeaseRow) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Forgets lease `id`.
+    fn remove_lease(&mut self, id: i64) -> impl Future<Output = BackendResult<()>> + Send;
 
     /// Makes every change durable and visible.
     fn commit(self) -> impl Future<Output = BackendResult<()>> + Send;

@@ -13,7 +13,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, ToSql, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::{
-    Backend, BackendResult, DatabaseSize, KeyRange, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
+    WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -290,6 +291,45 @@ fn query_log(conn: &Connection, after: i64, through: i64) -> rusqlite::Result<Ve
     rows.collect()
 }
 
+fn lease_from_row(row: &Row<'_>) -> rusqlite::Result<LeaseRow> {
+    Ok(LeaseRow {
+        id: row.get(0)?,
+        ttl: row.get(1)?,
+        expires_at: row.get(2)?,
+    })
+}
+
+fn query_lease(conn: &Connection, id: i64) -> rusqlite::Result<Option<LeaseRow>> {
+    conn.prepare_cached("SELECT id, ttl, expires_at FROM lease WHERE id = ?1")?
+        .query_row([id], lease_from_row)
+        .optional()
+}
+
+fn query_leases(conn: &Connection) -> rusqlite::Result<Vec<LeaseRow>> {
+    conn.prepare_cached("SELECT id, ttl, expires_at FROM lease ORDER BY expires_at, id")?
+        .query_map([], lease_from_row)?
+        .collect()
+}
+
+fn query_expired_leases(
+    conn: &Connection,
+    now_ms: i64,
+    limit: usize,
+) -> rusqlite::Result<Vec<i64>> {
+    conn.prepare_cached("SELECT id FROM lease WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2")?
+        .query_map(params![now_ms, limit as i64], |r| r.get(0))?
+        .collect()
+}
+
+fn query_lease_keys(conn: &Connection, id: i64) -> rusqlite::Result<Vec<KeyValue>> {
+    conn.prepare_cached(
+        "SELECT key, value, create_revision, mod_revision, version, lease \
+         FROM kv WHERE lease = ?1 ORDER BY key",
+    )?
+    .query_map([id], kv_from_row)?
+    .collect()
+}
+
 fn query_setting(conn: &Connection, name: &str) -> rusqlite::Result<Option<i64>> {
     conn.prepare_cached("SELECT value FROM settings WHERE name = ?1")?
         .query_row([name], |r| r.get(0))
@@ -333,6 +373,30 @@ macro_rules! impl_read_txn {
             async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
                 let $conn = self;
                 Ok(query_setting($get, name)?)
+            }
+
+            async fn lease(&mut self, id: i64) -> BackendResult<Option<LeaseRow>> {
+                let $conn = self;
+                Ok(query_lease($get, id)?)
+            }
+
+            async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
+                let $conn = self;
+                Ok(query_leases($get)?)
+            }
+
+            async fn expired_leases(
+                &mut self,
+                now_ms: i64,
+                limit: usize,
+            ) -> BackendResult<Vec<i64>> {
+                let $conn = self;
+                Ok(query_expired_leases($get, now_ms, limit)?)
+            }
+
+            async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
+                let $conn = self;
+                Ok(query_lease_keys($get, id)?)
             }
         }
     };
@@ -414,6 +478,22 @@ impl WriteTxn for SqliteWrite {
         self.conn
             .prepare_cached("INSERT OR REPLACE INTO settings (name, value) VALUES (?1, ?2)")?
             .execute(params![name, value])?;
+        Ok(())
+    }
+
+    async fn put_lease(&mut self, lease: &LeaseRow) -> BackendResult<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO lease (id, ttl, expires_at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![lease.id, lease.ttl, lease.expires_at])?;
+        Ok(())
+    }
+
+    async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM lease WHERE id = ?1")?
+            .execute([id])?;
         Ok(())
     }
 

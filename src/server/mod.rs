@@ -12,6 +12,7 @@ use self::authority::AuthorityRepair;
 use crate::api::ServerInfo;
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
+use crate::api::lease::LeaseService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::backend::Backend;
@@ -19,6 +20,7 @@ use crate::backend::sqlite::Sqlite;
 use crate::config::{Config, Datastore};
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
+use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::store::Store;
@@ -133,6 +135,10 @@ async fn serve<B: Backend>(
                 stop_streams,
             ))
             .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            LeaseServer::new(LeaseService::new(store.clone(), info.clone()))
+                .max_decoding_message_size(max_message),
         )
         .add_service(
             MaintenanceServer::new(MaintenanceService::new(store.clone(), info.clone()))

@@ -4,6 +4,10 @@
 //! branch, and checks run before anything is written so a failed request
 //! leaves no trace.
 
+mod lease;
+
+pub use self::lease::now_ms;
+
 use std::future::Future;
 use std::pin::Pin;
 
@@ -176,9 +180,9 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
         Ok(())
     }
 
-    /// No lease can exist until the Lease service is implemented.
-    async fn lease_exists(&mut self, _lease: i64) -> StoreResult<bool> {
-        Ok(false)
+    /// A lease exists from its grant until it is revoked, even past its deadline.
+    async fn lease_exists(&mut self, lease: i64) -> StoreResult<bool> {
+        Ok(self.txn.lease(lease).await?.is_some())
     }
 
     fn apply_txn<'b>(

@@ -18,6 +18,12 @@ pub enum StoreError {
     /// A Put names a lease that does not exist.
     #[error("requested lease not found")]
     LeaseNotFound,
+    /// LeaseGrant with an id in use.
+    #[error("lease already exists")]
+    LeaseExists,
+    /// LeaseGrant with a TTL above the maximum.
+    #[error("too large lease TTL")]
+    LeaseTtlTooLarge,
     /// The server is shutting down or its writer stopped.
     #[error("server stopped")]
     Stopped,

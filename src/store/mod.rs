@@ -20,7 +20,9 @@ pub use self::error::{StoreError, StoreResult};
 use self::writer::{Queued, WriteRequest, WriteResponse};
 use crate::backend::{Backend, DatabaseSize, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
-    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
+    LeaseRevokeResponse, LeaseStatus, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 use crate::proto::mvccpb::{Event, event::EventType};
@@ -65,13 +67,14 @@ impl<B: Backend> Store<B> {
             hub.clone(),
         ));
         let compactor = tokio::spawn(compactor(queue.downgrade(), revisions.clone()));
+        let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), queue.downgrade()));
         Ok(Store {
             backend,
             queue,
             revisions,
             hub,
             identity,
-            tasks: vec![writer, compactor],
+            tasks: vec![writer, compactor, lease_expirer],
         })
     }
 
@@ -189,6 +192,75 @@ impl<B: Backend> Store<B> {
         Ok(resp)
     }
 
+    /// etcd LeaseGrant.
+    pub async fn lease_grant(&self, req: LeaseGrantRequest) -> StoreResult<LeaseGrantResponse> {
+        match self.write(WriteRequest::LeaseGrant(req)).await? {
+            WriteResponse::LeaseGrant(resp) => Ok(resp),
+            _ => unreachable!("writer answers a LeaseGrant with a LeaseGrant"),
+        }
+    }
+
+    /// etcd LeaseRevoke.
+    pub async fn lease_revoke(&self, id: i64) -> StoreResult<LeaseRevokeResponse> {
+        match self.write(WriteRequest::LeaseRevoke(id)).await? {
+            WriteResponse::LeaseRevoke(resp) => Ok(resp),
+            _ => unreachable!("writer answers a LeaseRevoke with a LeaseRevoke"),
+        }
+    }
+
+    /// One etcd LeaseKeepAlive request.
+    pub async fn lease_keep_alive(&self, id: i64) -> StoreResult<LeaseKeepAliveResponse> {
+        match self.write(WriteRequest::LeaseKeepAlive(id)).await? {
+            WriteResponse::LeaseKeepAlive(resp) => Ok(resp),
+            _ => unreachable!("writer answers a LeaseKeepAlive with a LeaseKeepAlive"),
+        }
+    }
+
+    /// etcd LeaseTimeToLive: TTL -1 for an unknown lease, remaining seconds
+    /// (rounded down) otherwise, and the attached keys when asked.
+    pub async fn lease_time_to_live(
+        &self,
+        req: &LeaseTimeToLiveRequest,
+    ) -> StoreResult<LeaseTimeToLiveResponse> {
+        let mut txn = self.backend.read().await?;
+        let Some(lease) = txn.lease(req.id).await? else {
+            return Ok(LeaseTimeToLiveResponse {
+                id: req.id,
+                ttl: -1,
+                ..Default::default()
+            });
+        };
+        let keys = if req.keys {
+            txn.lease_keys(req.id)
+                .await?
+                .into_iter()
+                .map(|kv| kv.key)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(LeaseTimeToLiveResponse {
+            header: None,
+            id: lease.id,
+            ttl: ((lease.expires_at - apply::now_ms()) / 1000).max(0),
+            granted_ttl: lease.ttl,
+            keys,
+        })
+    }
+
+    /// etcd LeaseLeases: every lease, soonest deadline first.
+    pub async fn leases(&self) -> StoreResult<LeaseLeasesResponse> {
+        let mut txn = self.backend.read().await?;
+        let leases = txn.leases().await?;
+        Ok(LeaseLeasesResponse {
+            header: None,
+            leases: leases
+                .into_iter()
+                .map(|l| LeaseStatus { id: l.id })
+                .collect(),
+        })
+    }
+
     async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
         write_through(&self.queue, request).await
     }
@@ -234,6 +306,37 @@ async fn compactor(queue: mpsc::WeakSender<Queued>, mut revisions: watch::Receiv
             Err(error) => {
                 tracing::warn!("compaction step failed, retrying: {error}");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// How often expired leases are looked for, as etcd's lessor does.
+const LEASE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Revokes leases whose deadline passed: each in its own revision, through
+/// the writer, which checks the deadline again in case of a late keep-alive.
+async fn lease_expirer<B: Backend>(backend: Arc<B>, queue: mpsc::WeakSender<Queued>) {
+    let mut tick = tokio::time::interval(LEASE_CHECK_INTERVAL);
+    loop {
+        tick.tick().await;
+        let expired = match backend.read().await {
+            Ok(mut txn) => txn.expired_leases(apply::now_ms(), 1000).await,
+            Err(error) => Err(error),
+        };
+        let expired = match expired {
+            Ok(expired) => expired,
+            Err(error) => {
+                tracing::warn!("cannot look for expired leases: {error:#}");
+                continue;
+            }
+        };
+        let Some(queue) = queue.upgrade() else { return };
+        for id in expired {
+            match write_through(&queue, WriteRequest::LeaseExpire(id)).await {
+                Ok(_) => tracing::debug!(lease = id, "lease expired"),
+                Err(StoreError::Stopped) => return,
+                Err(error) => tracing::warn!(lease = id, "cannot expire lease: {error}"),
             }
         }
     }

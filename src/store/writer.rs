@@ -10,7 +10,8 @@ use super::error::{StoreError, StoreResult};
 use super::range::check_revision;
 use crate::backend::{Backend, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
-    CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
+    CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseRevokeResponse, PutRequest, PutResponse,
     ResponseHeader, TxnRequest, TxnResponse,
 };
 use crate::watch::hub::{RevisionEvents, WatchHub};
@@ -28,6 +29,14 @@ pub enum WriteRequest {
     DeleteRange(DeleteRangeRequest),
     /// etcd Txn.
     Txn(TxnRequest),
+    /// etcd LeaseGrant.
+    LeaseGrant(LeaseGrantRequest),
+    /// etcd LeaseRevoke.
+    LeaseRevoke(i64),
+    /// One etcd LeaseKeepAlive request.
+    LeaseKeepAlive(i64),
+    /// Revoke a lease whose deadline passed (unless it was kept alive meanwhile).
+    LeaseExpire(i64),
     /// etcd Compact: move the compact revision (the history goes later).
     Compact(i64),
     /// Remove the next stretch of history below the compact revision.
@@ -42,6 +51,14 @@ pub enum WriteResponse {
     DeleteRange(DeleteRangeResponse),
     /// Answer to Txn.
     Txn(TxnResponse),
+    /// Answer to LeaseGrant.
+    LeaseGrant(LeaseGrantResponse),
+    /// Answer to LeaseRevoke.
+    LeaseRevoke(LeaseRevokeResponse),
+    /// Answer to LeaseKeepAlive.
+    LeaseKeepAlive(LeaseKeepAliveResponse),
+    /// Answer to LeaseExpire.
+    LeaseExpire,
     /// Answer to Compact.
     Compact(CompactionResponse),
     /// Answer to CompactStep.
@@ -128,6 +145,17 @@ async fn apply<T: WriteTxn>(
             WriteResponse::DeleteRange(applier.delete_range(req).await?)
         }
         WriteRequest::Txn(req) => WriteResponse::Txn(applier.txn(req).await?),
+        WriteRequest::LeaseGrant(req) => WriteResponse::LeaseGrant(applier.lease_grant(req).await?),
+        WriteRequest::LeaseRevoke(id) => {
+            WriteResponse::LeaseRevoke(applier.lease_revoke(*id).await?)
+        }
+        WriteRequest::LeaseKeepAlive(id) => {
+            WriteResponse::LeaseKeepAlive(applier.lease_keep_alive(*id).await?)
+        }
+        WriteRequest::LeaseExpire(id) => {
+            applier.lease_expire(*id).await?;
+            WriteResponse::LeaseExpire
+        }
         WriteRequest::Compact(revision) => {
             compact(revs, *revision)?;
             return Ok(WriteResponse::Compact(CompactionResponse {

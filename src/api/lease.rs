@@ -1,0 +1,98 @@
+//! The Lease service: grant, revoke, keep-alive (a stream), time-to-live and
+//! listing. Expiry runs in the store; this layer checks requests and fills
+//! headers.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::ServerInfo;
+use crate::backend::Backend;
+use crate::proto::etcdserverpb::lease_server::Lease;
+use crate::proto::etcdserverpb::{
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use crate::store::Store;
+
+/// The Lease service on a store.
+pub struct LeaseService<B: Backend> {
+    store: Arc<Store<B>>,
+    info: Arc<ServerInfo>,
+}
+
+impl<B: Backend> LeaseService<B> {
+    /// The service managing the leases of `store`.
+    pub fn new(store: Arc<Store<B>>, info: Arc<ServerInfo>) -> Self {
+        LeaseService { store, info }
+    }
+
+    fn current_revision(&self) -> i64 {
+        self.store.revisions().current
+    }
+}
+
+type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<B: Backend> Lease for LeaseService<B> {
+    async fn lease_grant(
+        &self,
+        request: Request<LeaseGrantRequest>,
+    ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let mut resp = self.store.lease_grant(request.into_inner()).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let mut resp = self.store.lease_revoke(request.into_inner().id).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    type LeaseKeepAliveStream = KeepAliveStream;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<KeepAliveStream>, Status> {
+        let store = self.store.clone();
+        let info = self.info.clone();
+        // Answered one at a time, in order; the stream ends with the client's side.
+        let responses = request.into_inner().map_while(Result::ok).then(move |req| {
+            let store = store.clone();
+            let info = info.clone();
+            async move {
+                let mut resp = store.lease_keep_alive(req.id).await?;
+                info.fill(&mut resp.header, store.revisions().current);
+                Ok(resp)
+            }
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let mut resp = self.store.lease_time_to_live(&request.into_inner()).await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+
+    async fn lease_leases(
+        &self,
+        _: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        let mut resp = self.store.leases().await?;
+        self.info.fill(&mut resp.header, self.current_revision());
+        Ok(Response::new(resp))
+    }
+}

@@ -1,0 +1,117 @@
+//! Applying lease requests: grant, revoke, keep-alive and expiry. A revoke
+//! or an expiry deletes the lease's keys in sorted order at one revision, so
+//! watchers get one response with every DELETE (carrying prev_kv).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::Applier;
+use crate::backend::{LeaseRow, WriteTxn};
+use crate::proto::etcdserverpb::{
+    DeleteRangeRequest, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,
+    LeaseRevokeResponse,
+};
+use crate::store::error::{StoreError, StoreResult};
+
+/// Shortest TTL granted, in seconds: etcd's ceil(1.5 x election timeout).
+const MIN_LEASE_TTL: i64 = 2;
+/// Longest TTL granted, in seconds, as in etcd.
+const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
+/// Wall-clock time in Unix milliseconds: lease deadlines must survive restarts.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl<T: WriteTxn> Applier<'_, T> {
+    /// LeaseGrant: a client-chosen id, or a fresh positive one.
+    pub async fn lease_grant(
+        &mut self,
+        req: &LeaseGrantRequest,
+    ) -> StoreResult<LeaseGrantResponse> {
+        if req.ttl > MAX_LEASE_TTL {
+            return Err(StoreError::LeaseTtlTooLarge);
+        }
+        let id = if req.id == 0 {
+            loop {
+                let id = rand::random_range(1..=i64::MAX);
+                if self.txn.lease(id).await?.is_none() {
+                    break id;
+                }
+            }
+        } else if self.txn.lease(req.id).await?.is_some() {
+            return Err(StoreError::LeaseExists);
+        } else {
+            req.id
+        };
+        let ttl = req.ttl.max(MIN_LEASE_TTL);
+        self.txn
+            .put_lease(&LeaseRow {
+                id,
+                ttl,
+                expires_at: now_ms().saturating_add(ttl.saturating_mul(1000)),
+            })
+            .await?;
+        Ok(LeaseGrantResponse {
+            header: None,
+            id,
+            ttl,
+            error: String::new(),
+        })
+    }
+
+    /// LeaseRevoke: deletes the lease and, at one revision, its keys.
+    pub async fn lease_revoke(&mut self, id: i64) -> StoreResult<LeaseRevokeResponse> {
+        if self.txn.lease(id).await?.is_none() {
+            return Err(StoreError::LeaseNotFound);
+        }
+        self.revoke(id).await?;
+        Ok(LeaseRevokeResponse {
+            header: Some(super::header(self.revision())),
+        })
+    }
+
+    /// Expiry: revokes lease `id` if its deadline has passed. A keep-alive
+    /// that came first wins.
+    pub async fn lease_expire(&mut self, id: i64) -> StoreResult<()> {
+        match self.txn.lease(id).await? {
+            Some(lease) if lease.expires_at <= now_ms() => self.revoke(id).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// LeaseKeepAlive: a full TTL from now. An unknown or already expired
+    /// lease answers TTL 0, as etcd does.
+    pub async fn lease_keep_alive(&mut self, id: i64) -> StoreResult<LeaseKeepAliveResponse> {
+        let now = now_ms();
+        let ttl = match self.txn.lease(id).await? {
+            Some(lease) if lease.expires_at > now => {
+                let renewed = LeaseRow {
+                    expires_at: now.saturating_add(lease.ttl.saturating_mul(1000)),
+                    ..lease
+                };
+                self.txn.put_lease(&renewed).await?;
+                lease.ttl
+            }
+            _ => 0,
+        };
+        Ok(LeaseKeepAliveResponse {
+            header: None,
+            id,
+            ttl,
+        })
+    }
+
+    async fn revoke(&mut self, id: i64) -> StoreResult<()> {
+        for kv in self.txn.lease_keys(id).await? {
+            let single = DeleteRangeRequest {
+                key: kv.key,
+                ..Default::default()
+            };
+            self.apply_delete_range(&single).await?;
+        }
+        self.txn.remove_lease(id).await?;
+        Ok(())
+    }
+}
