@@ -5,6 +5,8 @@
 //! (revisions, versions, txn compares, compaction) lives in `crate::store`, so
 //! a new dialect is a new `Backend` and nothing else.
 
+#[cfg(test)]
+pub mod conformance;
 pub mod sqlite;
 
 use std::future::Future;

@@ -503,3 +503,21 @@ impl WriteTxn for SqliteWrite {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::conformance::TestStore;
+    use crate::store::Store;
+
+    async fn open() -> TestStore<Sqlite> {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Sqlite::open(&dir.path().join("state.db")).unwrap();
+        TestStore {
+            store: Store::open(backend).await.unwrap(),
+            guard: Box::new(dir),
+        }
+    }
+
+    crate::conformance_suite!(open);
+}

@@ -88,6 +88,12 @@ impl<B: Backend> Store<B> {
         *self.revisions.borrow()
     }
 
+    /// The backend, for tests that look underneath the store.
+    #[cfg(test)]
+    pub(crate) fn backend(&self) -> &B {
+        &self.backend
+    }
+
     /// The hub that tells watchers about new revisions.
     pub fn hub(&self) -> &WatchHub {
         &self.hub
@@ -371,6 +377,3 @@ async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Identity> {
 fn random_id() -> u64 {
     rand::random_range(1..=i64::MAX as u64)
 }
-
-#[cfg(test)]
-mod tests;

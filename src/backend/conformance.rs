@@ -1,0 +1,420 @@
+//! The backend conformance suite: etcd's semantics checked through the
+//! store, the same tests on every backend. A backend's test module calls
+//! `conformance_suite!(open)` with an async `open` that returns a
+//! `TestStore` on a fresh, empty database.
+
+use crate::backend::{Backend, ReadTxn};
+use crate::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::proto::etcdserverpb::request_op::Request as Op;
+use crate::proto::etcdserverpb::response_op::Response as OpResponse;
+use crate::proto::etcdserverpb::{
+    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseTimeToLiveRequest,
+    PutRequest, RangeRequest, RequestOp, TxnRequest,
+};
+use crate::proto::mvccpb::event::EventType;
+use crate::store::{Store, StoreError};
+
+/// A store on a fresh database, and whatever keeps that database alive.
+pub struct TestStore<B: Backend> {
+    /// The store under test.
+    pub store: Store<B>,
+    /// Dropped with the store: a temporary directory, a database to drop...
+    pub guard: Box<dyn Send>,
+}
+
+fn put_req(key: &str, value: &str) -> PutRequest {
+    PutRequest {
+        key: key.into(),
+        value: value.into(),
+        ..Default::default()
+    }
+}
+
+fn get_req(key: &str, revision: i64) -> RangeRequest {
+    RangeRequest {
+        key: key.into(),
+        revision,
+        ..Default::default()
+    }
+}
+
+fn op(request: Op) -> RequestOp {
+    RequestOp {
+        request: Some(request),
+    }
+}
+
+fn version_is(key: &str, version: i64) -> Compare {
+    Compare {
+        key: key.into(),
+        target: CompareTarget::Version as i32,
+        result: CompareResult::Equal as i32,
+        target_union: Some(TargetUnion::Version(version)),
+        ..Default::default()
+    }
+}
+
+/// Conformance test `empty_store_is_at_revision_one_and_never_compacted`.
+pub async fn empty_store_is_at_revision_one_and_never_compacted<B: Backend>(t: TestStore<B>) {
+    let revs = t.store.revisions();
+    assert_eq!((revs.current, revs.compact), (1, -1));
+    let resp = t.store.range(&get_req("a", 0)).await.unwrap();
+    assert_eq!(resp.header.unwrap().revision, 1);
+    assert_eq!(resp.count, 0);
+}
+
+/// Conformance test `a_txn_takes_one_revision_and_ranges_inside_see_its_writes`.
+pub async fn a_txn_takes_one_revision_and_ranges_inside_see_its_writes<B: Backend>(
+    t: TestStore<B>,
+) {
+    t.store.put(put_req("a", "1")).await.unwrap();
+    let txn = TxnRequest {
+        compare: vec![version_is("a", 1)],
+        success: vec![
+            op(Op::RequestRange(get_req("a", 0))),
+            op(Op::RequestPut(put_req("a", "2"))),
+            op(Op::RequestRange(get_req("a", 0))),
+            op(Op::RequestPut(put_req("b", "1"))),
+        ],
+        ..Default::default()
+    };
+    let resp = t.store.txn(txn).await.unwrap();
+    assert!(resp.succeeded);
+    assert_eq!(resp.header.unwrap().revision, 3);
+    let ranges: Vec<(i64, Vec<u8>)> = resp
+        .responses
+        .iter()
+        .filter_map(|r| match &r.response {
+            Some(OpResponse::ResponseRange(range)) => Some((
+                range.header.as_ref().unwrap().revision,
+                range.kvs[0].value.clone(),
+            )),
+            _ => None,
+        })
+        .collect();
+    // Before the first write the txn is at the old revision, after it at the new one.
+    assert_eq!(ranges, vec![(2, b"1".to_vec()), (3, b"2".to_vec())]);
+    let b = t.store.range(&get_req("b", 0)).await.unwrap();
+    assert_eq!(b.kvs[0].mod_revision, 3);
+}
+
+/// Conformance test `failed_checks_leave_no_trace`.
+pub async fn failed_checks_leave_no_trace<B: Backend>(t: TestStore<B>) {
+    t.store.put(put_req("a", "1")).await.unwrap();
+    // The second op fails its pre-check, so the first must not be applied either.
+    let txn = TxnRequest {
+        success: vec![
+            op(Op::RequestPut(put_req("b", "1"))),
+            op(Op::RequestPut(PutRequest {
+                key: "missing".into(),
+                ignore_value: true,
+                ..Default::default()
+            })),
+        ],
+        ..Default::default()
+    };
+    assert!(matches!(
+        t.store.txn(txn).await,
+        Err(StoreError::KeyNotFound)
+    ));
+    assert_eq!(t.store.revisions().current, 2);
+    assert!(
+        t.store
+            .range(&get_req("b", 0))
+            .await
+            .unwrap()
+            .kvs
+            .is_empty()
+    );
+}
+
+/// Conformance test `read_only_and_no_op_txns_do_not_raise_the_revision`.
+pub async fn read_only_and_no_op_txns_do_not_raise_the_revision<B: Backend>(t: TestStore<B>) {
+    t.store.put(put_req("a", "1")).await.unwrap();
+    let txn = TxnRequest {
+        compare: vec![version_is("a", 7)],
+        success: vec![op(Op::RequestPut(put_req("a", "2")))],
+        failure: vec![op(Op::RequestDeleteRange(DeleteRangeRequest {
+            key: "nothing-here".into(),
+            ..Default::default()
+        }))],
+    };
+    let resp = t.store.txn(txn).await.unwrap();
+    assert!(!resp.succeeded);
+    assert_eq!(resp.header.unwrap().revision, 2);
+    assert_eq!(t.store.revisions().current, 2);
+}
+
+/// Conformance test `compare_on_a_missing_key_uses_zero_but_value_compares_fail`.
+pub async fn compare_on_a_missing_key_uses_zero_but_value_compares_fail<B: Backend>(
+    t: TestStore<B>,
+) {
+    let missing_version_zero = TxnRequest {
+        compare: vec![version_is("nope", 0)],
+        ..Default::default()
+    };
+    assert!(t.store.txn(missing_version_zero).await.unwrap().succeeded);
+    let value_not_equal = TxnRequest {
+        compare: vec![Compare {
+            key: "nope".into(),
+            target: CompareTarget::Value as i32,
+            result: CompareResult::NotEqual as i32,
+            target_union: Some(TargetUnion::Value(b"x".to_vec())),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert!(!t.store.txn(value_not_equal).await.unwrap().succeeded);
+}
+
+/// Conformance test `compaction_refuses_old_reads_and_removes_history`.
+pub async fn compaction_refuses_old_reads_and_removes_history<B: Backend>(t: TestStore<B>) {
+    for value in ["1", "2", "3"] {
+        t.store.put(put_req("a", value)).await.unwrap(); // revisions 2, 3, 4
+    }
+    let compact = |revision, physical| CompactionRequest { revision, physical };
+    assert!(matches!(
+        t.store.compact(&compact(9, false)).await,
+        Err(StoreError::FutureRevision)
+    ));
+    t.store.compact(&compact(3, true)).await.unwrap();
+    assert_eq!(t.store.revisions().compacted_through, 3);
+    assert!(matches!(
+        t.store.compact(&compact(3, false)).await,
+        Err(StoreError::Compacted)
+    ));
+    assert!(matches!(
+        t.store.range(&get_req("a", 2)).await,
+        Err(StoreError::Compacted)
+    ));
+    let at3 = t.store.range(&get_req("a", 3)).await.unwrap();
+    assert_eq!(at3.kvs[0].value, b"2");
+
+    // Only the version at the compact revision and the newer one are left.
+    let mut txn = t.store.backend().read().await.unwrap();
+    let history = txn.log_entries(0, 10).await.unwrap();
+    let revisions: Vec<i64> = history.iter().map(|e| e.kv.mod_revision).collect();
+    assert_eq!(revisions, vec![3, 4]);
+}
+
+/// Conformance test `queued_writes_commit_together_in_order`.
+pub async fn queued_writes_commit_together_in_order<B: Backend>(t: TestStore<B>) {
+    let store = std::sync::Arc::new(t.store);
+    let writes = (0..50).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move { store.put(put_req(&format!("k{i}"), "v")).await.unwrap() })
+    });
+    let mut revisions = Vec::new();
+    for write in writes {
+        revisions.push(write.await.unwrap().header.unwrap().revision);
+    }
+    revisions.sort();
+    assert_eq!(revisions, (2..52).collect::<Vec<_>>());
+}
+
+/// Conformance test `leases_attach_renew_and_revoke`.
+pub async fn leases_attach_renew_and_revoke<B: Backend>(t: TestStore<B>) {
+    let grant = |id, ttl| LeaseGrantRequest { id, ttl };
+    let granted = t.store.lease_grant(grant(0, 1)).await.unwrap();
+    assert!(granted.id > 0);
+    assert_eq!(granted.ttl, 2, "TTLs below the minimum are raised");
+    assert!(matches!(
+        t.store.lease_grant(grant(granted.id, 5)).await,
+        Err(StoreError::LeaseExists)
+    ));
+    assert!(matches!(
+        t.store.lease_grant(grant(7, 9_000_000_001)).await,
+        Err(StoreError::LeaseTtlTooLarge)
+    ));
+    let mine = t.store.lease_grant(grant(7, 60)).await.unwrap().id;
+    for key in ["b", "a", "c"] {
+        let put = PutRequest {
+            lease: mine,
+            ..put_req(key, "v")
+        };
+        t.store.put(put).await.unwrap();
+    }
+    // A put without a lease detaches the key.
+    t.store.put(put_req("c", "w")).await.unwrap();
+    let ttl = t
+        .store
+        .lease_time_to_live(&LeaseTimeToLiveRequest {
+            id: mine,
+            keys: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (ttl.granted_ttl, ttl.keys.clone()),
+        (60, vec![b"a".to_vec(), b"b".to_vec()])
+    );
+    assert!(ttl.ttl > 55 && ttl.ttl <= 60, "{}", ttl.ttl);
+    assert_eq!(t.store.lease_keep_alive(mine).await.unwrap().ttl, 60);
+    assert_eq!(t.store.lease_keep_alive(12345).await.unwrap().ttl, 0);
+
+    let before = t.store.revisions().current;
+    t.store.lease_revoke(mine).await.unwrap();
+    assert_eq!(
+        t.store.revisions().current,
+        before + 1,
+        "one revision for all the keys"
+    );
+    let events = t.store.hub().since(before, 10).unwrap();
+    let deleted: Vec<&[u8]> = events[0]
+        .events
+        .iter()
+        .map(|e| e.kv.as_ref().unwrap().key.as_slice())
+        .collect();
+    assert_eq!(deleted, vec![&b"a"[..], b"b"]);
+    assert!(events[0].events.iter().all(|e| e.prev_kv.is_some()));
+    let gone = t
+        .store
+        .lease_time_to_live(&LeaseTimeToLiveRequest {
+            id: mine,
+            keys: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(gone.ttl, -1);
+    assert!(matches!(
+        t.store.lease_revoke(mine).await,
+        Err(StoreError::LeaseNotFound)
+    ));
+    let unknown = PutRequest {
+        lease: mine,
+        ..put_req("d", "v")
+    };
+    assert!(matches!(
+        t.store.put(unknown).await,
+        Err(StoreError::LeaseNotFound)
+    ));
+}
+
+/// Conformance test `expired_leases_delete_their_keys`.
+pub async fn expired_leases_delete_their_keys<B: Backend>(t: TestStore<B>) {
+    let id = t
+        .store
+        .lease_grant(LeaseGrantRequest { id: 0, ttl: 2 })
+        .await
+        .unwrap()
+        .id;
+    let put = PutRequest {
+        lease: id,
+        ..put_req("ephemeral", "v")
+    };
+    t.store.put(put).await.unwrap();
+    let mut latest = t.store.hub().subscribe();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        latest.wait_for(|r| *r == 3),
+    )
+    .await
+    .expect("lease expired in time")
+    .unwrap();
+    let events = t.store.hub().since(2, 10).unwrap();
+    let event = &events[0].events[0];
+    assert_eq!(event.r#type, EventType::Delete as i32);
+    assert_eq!(event.prev_kv.as_ref().unwrap().value, b"v");
+    assert!(t.store.leases().await.unwrap().leases.is_empty());
+}
+
+/// Conformance test `history_from_the_log_matches_what_watchers_saw`.
+pub async fn history_from_the_log_matches_what_watchers_saw<B: Backend>(t: TestStore<B>) {
+    t.store.put(put_req("a", "1")).await.unwrap();
+    t.store.put(put_req("b", "1")).await.unwrap();
+    t.store.put(put_req("a", "2")).await.unwrap();
+    // etcd lets a txn delete from "\0" and put a key again: two changes of one key in one revision.
+    let txn = TxnRequest {
+        success: vec![
+            op(Op::RequestDeleteRange(DeleteRangeRequest {
+                key: vec![0],
+                range_end: vec![0],
+                ..Default::default()
+            })),
+            op(Op::RequestPut(put_req("b", "2"))),
+        ],
+        ..Default::default()
+    };
+    t.store.txn(txn).await.unwrap();
+    let txn = TxnRequest {
+        success: vec![
+            op(Op::RequestPut(put_req("c", "1"))),
+            op(Op::RequestDeleteRange(DeleteRangeRequest {
+                key: vec![0],
+                range_end: vec![0],
+                ..Default::default()
+            })),
+        ],
+        ..Default::default()
+    };
+    t.store.txn(txn).await.unwrap();
+    let latest = t.store.revisions().current;
+    let live: Vec<_> = t
+        .store
+        .hub()
+        .since(1, 100)
+        .unwrap()
+        .iter()
+        .map(|r| (**r).clone())
+        .collect();
+    let logged = t.store.history(1, latest, true).await.unwrap();
+    assert_eq!(logged, live);
+    // The key's state at a revision is its last change in that revision.
+    let b = t.store.range(&get_req("b", 5)).await.unwrap();
+    assert_eq!(b.kvs[0].value, b"2");
+    assert!(
+        t.store
+            .range(&get_req("c", 6))
+            .await
+            .unwrap()
+            .kvs
+            .is_empty()
+    );
+}
+
+/// Expands to one `#[tokio::test]` per conformance test, each on a store from `$open`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($open:path) => {
+        #[tokio::test]
+        async fn empty_store_is_at_revision_one_and_never_compacted() {
+            $crate::backend::conformance::empty_store_is_at_revision_one_and_never_compacted($open().await).await
+        }
+        #[tokio::test]
+        async fn a_txn_takes_one_revision_and_ranges_inside_see_its_writes() {
+            $crate::backend::conformance::a_txn_takes_one_revision_and_ranges_inside_see_its_writes($open().await).await
+        }
+        #[tokio::test]
+        async fn failed_checks_leave_no_trace() {
+            $crate::backend::conformance::failed_checks_leave_no_trace($open().await).await
+        }
+        #[tokio::test]
+        async fn read_only_and_no_op_txns_do_not_raise_the_revision() {
+            $crate::backend::conformance::read_only_and_no_op_txns_do_not_raise_the_revision($open().await).await
+        }
+        #[tokio::test]
+        async fn compare_on_a_missing_key_uses_zero_but_value_compares_fail() {
+            $crate::backend::conformance::compare_on_a_missing_key_uses_zero_but_value_compares_fail($open().await).await
+        }
+        #[tokio::test]
+        async fn compaction_refuses_old_reads_and_removes_history() {
+            $crate::backend::conformance::compaction_refuses_old_reads_and_removes_history($open().await).await
+        }
+        #[tokio::test]
+        async fn queued_writes_commit_together_in_order() {
+            $crate::backend::conformance::queued_writes_commit_together_in_order($open().await).await
+        }
+        #[tokio::test]
+        async fn leases_attach_renew_and_revoke() {
+            $crate::backend::conformance::leases_attach_renew_and_revoke($open().await).await
+        }
+        #[tokio::test]
+        async fn expired_leases_delete_their_keys() {
+            $crate::backend::conformance::expired_leases_delete_their_keys($open().await).await
+        }
+        #[tokio::test]
+        async fn history_from_the_log_matches_what_watchers_saw() {
+            $crate::backend::conformance::history_from_the_log_matches_what_watchers_saw($open().await).await
+        }
+    };
+}
