@@ -59,8 +59,9 @@ struct Watcher {
 }
 
 impl Watcher {
-    /// The events of `revision` this watcher wants, with prev_kv only if asked.
-    fn select(&self, revision: &RevisionEvents, into: &mut Vec<Event>) {
+    /// The events of `revision` this watcher wants, with prev_kv only if
+    /// asked and, as etcd reads it at revision - 1, not below `compact`.
+    fn select(&self, revision: &RevisionEvents, compact: i64, into: &mut Vec<Event>) {
         for event in &revision.events {
             let Some(kv) = &event.kv else { continue };
             let is_put = event.r#type == EventType::Put as i32;
@@ -71,7 +72,7 @@ impl Watcher {
                 continue;
             }
             let mut event = event.clone();
-            if !self.prev_kv {
+            if !self.prev_kv || revision.revision - 1 < compact {
                 event.prev_kv = None;
             }
             into.push(event);
@@ -249,6 +250,7 @@ impl<B: Backend> WatchSession<B> {
             // The window moved on meanwhile; the next wake-up catches up.
             return Ok(latest);
         };
+        let compact = self.store.revisions().compact;
         for revision in revisions.iter().take_while(|r| r.revision <= latest) {
             let ids: Vec<i64> = self.watchers.keys().copied().collect();
             for id in ids {
@@ -259,7 +261,7 @@ impl<B: Backend> WatchSession<B> {
                     continue;
                 }
                 let mut events = Vec::new();
-                watcher.select(revision, &mut events);
+                watcher.select(revision, compact, &mut events);
                 watcher.next = revision.revision + 1;
                 if !events.is_empty() {
                     self.send_events(id, revision.revision, events).await?;
@@ -314,7 +316,7 @@ impl<B: Backend> WatchSession<B> {
             let watcher = self.watchers.get_mut(&id).expect("checked above");
             let mut events = Vec::new();
             for revision in revisions.iter().filter(|r| r.revision <= through) {
-                watcher.select(revision, &mut events);
+                watcher.select(revision, compact, &mut events);
             }
             watcher.next = through + 1;
             if !events.is_empty() {
