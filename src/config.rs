@@ -27,6 +27,19 @@ pub struct Config {
     )]
     pub endpoint: String,
 
+    /// CA certificate that the database server's certificate must chain to
+    /// (Postgres/MySQL over TLS; k3s's name).
+    #[arg(long, env = "CETERA_DATASTORE_CAFILE")]
+    pub datastore_cafile: Option<PathBuf>,
+
+    /// Client certificate presented to the database server.
+    #[arg(long, env = "CETERA_DATASTORE_CERTFILE")]
+    pub datastore_certfile: Option<PathBuf>,
+
+    /// Key of --datastore-certfile.
+    #[arg(long, env = "CETERA_DATASTORE_KEYFILE")]
+    pub datastore_keyfile: Option<PathBuf>,
+
     /// Client URLs this member reports in MemberList (comma-separated).
     /// Default: http:// and the listen address, with 127.0.0.1 for 0.0.0.0.
     #[arg(long, env = "CETERA_ADVERTISE_CLIENT_URLS", value_delimiter = ',')]
@@ -82,6 +95,21 @@ pub enum LogFormat {
 pub enum Datastore {
     /// An SQLite database file.
     Sqlite(PathBuf),
+    /// A PostgreSQL URL (`postgres://` or `postgresql://`), as given.
+    Postgres(String),
+    /// A MySQL/MariaDB URL (`mysql://`, URL or Go DSN form), as given.
+    Mysql(String),
+}
+
+/// TLS files for the connection to the database server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DatastoreTls {
+    /// CA certificate (PEM) the server's certificate must chain to.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM).
+    pub cert_file: Option<PathBuf>,
+    /// Client key (PEM).
+    pub key_file: Option<PathBuf>,
 }
 
 impl Datastore {
@@ -97,14 +125,14 @@ impl Datastore {
             return Ok(Datastore::Sqlite(PathBuf::from(path)));
         }
         if let Some((scheme, _)) = endpoint.split_once("://") {
-            match scheme {
-                "postgres" | "postgresql" | "mysql" => bail!(
-                    "endpoint scheme {scheme}:// is not supported yet; this build serves sqlite:// only"
-                ),
+            return match scheme {
+                "postgres" | "postgresql" => Ok(Datastore::Postgres(endpoint.to_string())),
+                "mysql" => Ok(Datastore::Mysql(endpoint.to_string())),
                 _ => bail!(
-                    "unknown endpoint scheme {scheme}://; expected sqlite://PATH or a file path"
+                    "unknown endpoint scheme {scheme}://; expected sqlite://PATH, a file path, \
+                     postgres://... or mysql://..."
                 ),
-            }
+            };
         }
         if endpoint.is_empty() {
             bail!("empty endpoint; expected sqlite://PATH or a file path");
@@ -114,6 +142,15 @@ impl Datastore {
 }
 
 impl Config {
+    /// The TLS files for the database connection.
+    pub fn datastore_tls(&self) -> DatastoreTls {
+        DatastoreTls {
+            ca_file: self.datastore_cafile.clone(),
+            cert_file: self.datastore_certfile.clone(),
+            key_file: self.datastore_keyfile.clone(),
+        }
+    }
+
     /// The client URLs to report, derived from the listen address unless given.
     pub fn client_urls(&self) -> Vec<String> {
         if !self.advertise_client_urls.is_empty() {

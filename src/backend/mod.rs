@@ -7,6 +7,8 @@
 
 #[cfg(test)]
 pub mod conformance;
+pub mod mysql;
+pub mod postgres;
 pub mod sqlite;
 
 use std::future::Future;
@@ -195,6 +197,21 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Size of the database in bytes, and the part of it in use.
     fn size(&self) -> impl Future<Output = BackendResult<DatabaseSize>> + Send;
+
+    /// Resolves when another instance sharing the database may have
+    /// committed (Postgres: a NOTIFY; MySQL: the poll interval passed).
+    /// A backend no one else writes to never resolves.
+    fn changed(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
+    /// True while this instance holds the database-wide lock `name`, taking it
+    /// if it is free. Jobs that must run on one instance at a time (lease
+    /// expiry, physical compaction) check it; a lock dies with its holder.
+    fn hold_lock(&self, name: &str) -> impl Future<Output = BackendResult<bool>> + Send {
+        let _ = name;
+        std::future::ready(Ok(true))
+    }
 }
 
 /// Space taken by the database.

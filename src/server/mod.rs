@@ -16,6 +16,8 @@ use crate::api::lease::LeaseService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::backend::Backend;
+use crate::backend::mysql::Mysql;
+use crate::backend::postgres::Postgres;
 use crate::backend::sqlite::Sqlite;
 use crate::config::{Config, Datastore};
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
@@ -79,6 +81,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
         Datastore::Sqlite(path) => {
             let backend = Sqlite::open(&path)?;
             tracing::info!(path = %path.display(), "opened SQLite datastore");
+            serve(config, backend, shutdown).await
+        }
+        Datastore::Postgres(url) => {
+            let backend = Postgres::connect(&url, &config.datastore_tls()).await?;
+            tracing::info!("connected to PostgreSQL");
+            serve(config, backend, shutdown).await
+        }
+        Datastore::Mysql(url) => {
+            let backend = Mysql::connect(&url, &config.datastore_tls()).await?;
+            tracing::info!("connected to MySQL");
             serve(config, backend, shutdown).await
         }
     }
