@@ -8,6 +8,8 @@
 
 mod apply;
 pub mod error;
+mod history;
+mod publisher;
 pub mod range;
 mod writer;
 
@@ -17,15 +19,15 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use self::error::{StoreError, StoreResult};
+use self::publisher::Publisher;
 use self::writer::{Queued, WriteRequest, WriteResponse};
-use crate::backend::{Backend, DatabaseSize, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
     LeaseRevokeResponse, LeaseStatus, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
-use crate::proto::mvccpb::{Event, event::EventType};
 use crate::watch::hub::{RevisionEvents, WatchHub};
 
 /// Write requests waiting for the writer before senders wait too.
@@ -46,9 +48,11 @@ pub struct Store<B: Backend> {
     backend: Arc<B>,
     queue: mpsc::Sender<Queued>,
     revisions: watch::Receiver<Revisions>,
-    hub: Arc<WatchHub>,
+    publisher: Arc<Publisher<B>>,
     identity: Identity,
-    tasks: Vec<JoinHandle<()>>,
+    writer: JoinHandle<()>,
+    /// Compactor, lease expirer, poller: stopped at shutdown.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl<B: Backend> Store<B> {
@@ -57,24 +61,33 @@ impl<B: Backend> Store<B> {
         let backend = Arc::new(backend);
         let identity = load_identity(&*backend).await?;
         let initial = backend.read().await?.revisions().await?;
-        let (revisions_tx, revisions) = watch::channel(initial);
         let hub = Arc::new(WatchHub::new(initial.current));
-        let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
-        let writer = tokio::spawn(writer::run(
+        let publisher = Arc::new(Publisher::new(
             backend.clone(),
-            queue_rx,
-            revisions_tx,
-            hub.clone(),
+            hub,
+            watch::Sender::new(initial),
         ));
-        let compactor = tokio::spawn(compactor(queue.downgrade(), revisions.clone()));
+        let revisions = publisher.subscribe();
+        let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
+        let writer = tokio::spawn(writer::run(backend.clone(), queue_rx, publisher.clone()));
+        let compactor = tokio::spawn(compactor(
+            backend.clone(),
+            queue.downgrade(),
+            revisions.clone(),
+        ));
         let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), queue.downgrade()));
+        let poller = tokio::spawn(poll_other_instances(
+            backend.clone(),
+            Arc::downgrade(&publisher),
+        ));
         Ok(Store {
             backend,
             queue,
             revisions,
-            hub,
+            publisher,
             identity,
-            tasks: vec![writer, compactor, lease_expirer],
+            writer,
+            background: vec![compactor, lease_expirer, poller],
         })
     }
 
@@ -96,7 +109,7 @@ impl<B: Backend> Store<B> {
 
     /// The hub that tells watchers about new revisions.
     pub fn hub(&self) -> &WatchHub {
-        &self.hub
+        self.publisher.hub()
     }
 
     /// The revisions in `(after, through]`, read from the log, each event
@@ -108,42 +121,7 @@ impl<B: Backend> Store<B> {
         through: i64,
         with_prev_kv: bool,
     ) -> StoreResult<Vec<RevisionEvents>> {
-        let mut txn = self.backend.read().await?;
-        let revs = txn.revisions().await?;
-        if after + 1 < revs.compact {
-            return Err(StoreError::Compacted);
-        }
-        let through = revs.current.min(through);
-        let mut history: Vec<RevisionEvents> = Vec::new();
-        for entry in txn.log_entries(after, through).await? {
-            let revision = entry.kv.mod_revision;
-            let is_create = !entry.deleted && entry.kv.create_revision == revision;
-            let prev_kv = if with_prev_kv && !is_create && revision > revs.compact {
-                let key = KeyRange::single(&entry.kv.key);
-                txn.range(&key, ReadAt::Revision(revision - 1), 1, false)
-                    .await?
-                    .pop()
-            } else {
-                None
-            };
-            let event = Event {
-                r#type: if entry.deleted {
-                    EventType::Delete
-                } else {
-                    EventType::Put
-                } as i32,
-                kv: Some(entry.kv),
-                prev_kv,
-            };
-            match history.last_mut() {
-                Some(last) if last.revision == revision => last.events.push(event),
-                _ => history.push(RevisionEvents {
-                    revision,
-                    events: vec![event],
-                }),
-            }
-        }
-        Ok(history)
+        history::read(&*self.backend, after, through, with_prev_kv).await
     }
 
     /// Size of the underlying database.
@@ -273,11 +251,17 @@ impl<B: Backend> Store<B> {
 
     /// Stops accepting writes, lets the writer finish what is queued, and waits for it.
     pub async fn shutdown(self) {
-        let Store { queue, tasks, .. } = self;
-        drop(queue);
-        for task in tasks {
-            let _ = task.await;
+        let Store {
+            queue,
+            writer,
+            background,
+            ..
+        } = self;
+        for task in background {
+            task.abort();
         }
+        drop(queue);
+        let _ = writer.await;
     }
 }
 
@@ -293,10 +277,19 @@ async fn write_through(
     answer.await.map_err(|_| StoreError::Stopped)?
 }
 
+/// Database-wide lock of the instance that removes compacted history.
+const COMPACTION_LOCK: &str = "cetera-compaction";
+/// Database-wide lock of the instance that expires leases.
+const LEASE_EXPIRY_LOCK: &str = "cetera-lease-expiry";
+
 /// Removes compacted history step by step whenever the compact revision is
-/// ahead of what was removed. Holds only a weak handle on the queue so that
-/// shutdown is not kept waiting for it.
-async fn compactor(queue: mpsc::WeakSender<Queued>, mut revisions: watch::Receiver<Revisions>) {
+/// ahead of what was removed, on one instance at a time. Holds only a weak
+/// handle on the queue so that shutdown is not kept waiting for it.
+async fn compactor<B: Backend>(
+    backend: Arc<B>,
+    queue: mpsc::WeakSender<Queued>,
+    mut revisions: watch::Receiver<Revisions>,
+) {
     loop {
         if revisions
             .wait_for(|r| r.compacted_through < r.compact)
@@ -304,6 +297,10 @@ async fn compactor(queue: mpsc::WeakSender<Queued>, mut revisions: watch::Receiv
             .is_err()
         {
             return;
+        }
+        if !holds(&*backend, COMPACTION_LOCK).await {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            continue;
         }
         let Some(queue) = queue.upgrade() else { return };
         match write_through(&queue, WriteRequest::CompactStep).await {
@@ -326,6 +323,9 @@ async fn lease_expirer<B: Backend>(backend: Arc<B>, queue: mpsc::WeakSender<Queu
     let mut tick = tokio::time::interval(LEASE_CHECK_INTERVAL);
     loop {
         tick.tick().await;
+        if !holds(&*backend, LEASE_EXPIRY_LOCK).await {
+            continue;
+        }
         let expired = match backend.read().await {
             Ok(mut txn) => txn.expired_leases(apply::now_ms(), 1000).await,
             Err(error) => Err(error),
@@ -344,6 +344,35 @@ async fn lease_expirer<B: Backend>(backend: Arc<B>, queue: mpsc::WeakSender<Queu
                 Err(StoreError::Stopped) => return,
                 Err(error) => tracing::warn!(lease = id, "cannot expire lease: {error}"),
             }
+        }
+    }
+}
+
+/// Whether this instance holds the database-wide lock `name` (taking it if free).
+async fn holds<B: Backend>(backend: &B, name: &str) -> bool {
+    match backend.hold_lock(name).await {
+        Ok(held) => held,
+        Err(error) => {
+            tracing::warn!(lock = name, "cannot check the database lock: {error:#}");
+            false
+        }
+    }
+}
+
+/// Publishes other instances' commits whenever the backend says there may be
+/// some. Never wakes on a database only this instance writes.
+async fn poll_other_instances<B: Backend>(
+    backend: Arc<B>,
+    publisher: std::sync::Weak<Publisher<B>>,
+) {
+    loop {
+        backend.changed().await;
+        let Some(publisher) = publisher.upgrade() else {
+            return;
+        };
+        if let Err(error) = publisher.poll().await {
+            tracing::warn!("cannot read other instances' revisions: {error:#}");
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }
 }

@@ -3,10 +3,11 @@
 //! seeing earlier ones), commits once, then answers them all. One commit, and
 //! so one fsync, for every request that queued up while the last one ran.
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use super::apply::Applier;
 use super::error::{StoreError, StoreResult};
+use super::publisher::Publisher;
 use super::range::check_revision;
 use crate::backend::{Backend, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
@@ -14,7 +15,7 @@ use crate::proto::etcdserverpb::{
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseRevokeResponse, PutRequest, PutResponse,
     ResponseHeader, TxnRequest, TxnResponse,
 };
-use crate::watch::hub::{RevisionEvents, WatchHub};
+use crate::watch::hub::RevisionEvents;
 
 /// Most requests committed together.
 const MAX_BATCH: usize = 256;
@@ -77,16 +78,14 @@ pub struct Queued {
 pub async fn run<B: Backend>(
     backend: std::sync::Arc<B>,
     mut queue: mpsc::Receiver<Queued>,
-    revisions: watch::Sender<Revisions>,
-    hub: std::sync::Arc<WatchHub>,
+    publisher: std::sync::Arc<Publisher<B>>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         match commit(&*backend, &mut batch).await {
             Ok((answers, now, committed)) => {
                 // Watchers hear of a write before its writer does, as in etcd.
-                hub.publish(committed);
-                revisions.send_if_modified(|old| std::mem::replace(old, now) != now);
+                publisher.committed(committed, now).await;
                 for (queued, answer) in batch.drain(..).zip(answers) {
                     let _ = queued.reply.send(answer);
                 }

@@ -35,10 +35,12 @@ impl RevisionEvents {
     }
 }
 
-#[derive(Default)]
 struct Window {
+    /// Ascending; a revision with no rows left (compacted away) may be missing.
     revisions: VecDeque<Arc<RevisionEvents>>,
     bytes: usize,
+    /// Every revision from this one on is in `revisions` (or has no events).
+    covers_from: i64,
 }
 
 /// Recently committed revisions, and the latest revision for wake-ups.
@@ -51,7 +53,11 @@ impl WatchHub {
     /// A hub for a store at revision `current`.
     pub fn new(current: i64) -> Self {
         WatchHub {
-            window: RwLock::default(),
+            window: RwLock::new(Window {
+                revisions: VecDeque::new(),
+                bytes: 0,
+                covers_from: current + 1,
+            }),
             latest: watch::Sender::new(current),
         }
     }
@@ -66,14 +72,16 @@ impl WatchHub {
         self.latest.subscribe()
     }
 
-    /// Adds newly committed revisions (ascending, following the latest) and wakes watchers.
-    pub fn publish(&self, committed: Vec<RevisionEvents>) {
-        let Some(last) = committed.last().map(|r| r.revision) else {
+    /// Adds committed revisions (ascending; those not above the latest are
+    /// ignored), declares everything through `through` seen, and wakes watchers.
+    pub fn publish(&self, committed: Vec<RevisionEvents>, through: i64) {
+        let latest = self.latest();
+        if through <= latest {
             return;
-        };
+        }
         {
             let mut window = self.window.write().expect("watch window poisoned");
-            for revision in committed {
+            for revision in committed.into_iter().filter(|r| r.revision > latest) {
                 window.bytes += revision.size();
                 window.revisions.push_back(Arc::new(revision));
             }
@@ -82,33 +90,22 @@ impl WatchHub {
             {
                 if let Some(old) = window.revisions.pop_front() {
                     window.bytes -= old.size();
+                    window.covers_from = old.revision + 1;
                 }
             }
         }
-        self.latest.send_replace(last);
+        self.latest.send_replace(through);
     }
 
-    /// The revisions after `after` (at most `max`), if the window still holds
-    /// the first of them; None means the caller must read the log.
+    /// The revisions after `after` (at most `max`), if the window still
+    /// reaches back that far; None means the caller must read the log.
     pub fn since(&self, after: i64, max: usize) -> Option<Vec<Arc<RevisionEvents>>> {
         let window = self.window.read().expect("watch window poisoned");
-        let Some(first) = window.revisions.front() else {
-            // Nothing in memory: fine only if nothing is missing.
-            return (after >= self.latest()).then(Vec::new);
-        };
-        if after + 1 < first.revision {
+        if after + 1 < window.covers_from {
             return None;
         }
-        let skip = usize::try_from(after + 1 - first.revision).unwrap_or(0);
-        Some(
-            window
-                .revisions
-                .iter()
-                .skip(skip)
-                .take(max)
-                .cloned()
-                .collect(),
-        )
+        let start = window.revisions.partition_point(|r| r.revision <= after);
+        Some(window.revisions.range(start..).take(max).cloned().collect())
     }
 }
 
@@ -132,8 +129,8 @@ mod tests {
             None,
             "revisions 4 and 5 were never in memory"
         );
-        hub.publish(vec![revision(6), revision(7)]);
-        hub.publish(vec![revision(8)]);
+        hub.publish(vec![revision(6), revision(7)], 7);
+        hub.publish(vec![revision(8)], 8);
         assert_eq!(hub.latest(), 8);
         let revs: Vec<i64> = hub
             .since(6, 10)
@@ -148,10 +145,25 @@ mod tests {
     }
 
     #[test]
+    fn revisions_without_events_are_skipped_not_missing() {
+        let hub = WatchHub::new(1);
+        hub.publish(vec![revision(2), revision(5)], 6);
+        assert_eq!(hub.latest(), 6);
+        let revs: Vec<i64> = hub
+            .since(2, 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.revision)
+            .collect();
+        assert_eq!(revs, vec![5]);
+        assert!(hub.since(6, 10).unwrap().is_empty());
+    }
+
+    #[test]
     fn window_is_bounded() {
         let hub = WatchHub::new(0);
         for r in 1..=(WINDOW_REVISIONS as i64 + 10) {
-            hub.publish(vec![revision(r)]);
+            hub.publish(vec![revision(r)], r);
         }
         assert_eq!(hub.since(0, 1), None);
         assert!(hub.since(10, 1).is_some());
