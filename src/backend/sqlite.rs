@@ -321,10 +321,11 @@ fn query_expired_leases(
         .collect()
 }
 
+/// `lease != 0` lets SQLite use the partial index on kv(lease, key).
 fn query_lease_keys(conn: &Connection, id: i64) -> rusqlite::Result<Vec<KeyValue>> {
     conn.prepare_cached(
         "SELECT key, value, create_revision, mod_revision, version, lease \
-         FROM kv WHERE lease = ?1 ORDER BY key",
+         FROM kv WHERE lease = ?1 AND lease != 0 ORDER BY key",
     )?
     .query_map([id], kv_from_row)?
     .collect()
