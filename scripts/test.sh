@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The project's test command: installs the reference etcd/etcdctl binaries the
+# The project's test command. Installs the reference etcd/etcdctl binaries the
 # tests compare cetera against (scripts/install-test-deps.sh), then runs every
-# test with cargo-nextest (installed from crates.io if missing).
-# Extra arguments go to `cargo nextest run`, e.g. `scripts/test.sh --test kv`.
+# test with cargo-nextest (installed from crates.io if missing):
+#   1. unit tests (each backend's conformance suite included) and the
+#      integration tests on SQLite;
+#   2. the integration tests again on PostgreSQL and on MySQL/MariaDB
+#      (CETERA_TEST_BACKEND), each server on a database of its own.
+# A database server that cannot be reached is skipped with a warning, except
+# in CI (CI=true), where it fails the run.
+# Extra arguments go to every `cargo nextest run`, e.g. `scripts/test.sh -E 'test(watch)'`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,4 +16,26 @@ scripts/install-test-deps.sh
 if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi
-cargo nextest run --no-fail-fast "$@"
+
+reachable() { timeout 2 bash -c "</dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+status=0
+echo "=== unit tests, and integration tests on SQLite"
+cargo nextest run --no-fail-fast "$@" || status=1
+
+for backend in postgres mysql; do
+    port=5432
+    [[ $backend == mysql ]] && port=3306
+    if ! reachable "$port"; then
+        if [[ "${CI:-}" == "true" ]]; then
+            echo "error: $backend (127.0.0.1:$port) is not reachable; CI must test it" >&2
+            status=1
+        else
+            echo "WARNING: $backend (127.0.0.1:$port) is not reachable: SKIPPING its integration tests" >&2
+        fi
+        continue
+    fi
+    echo "=== integration tests on $backend"
+    CETERA_TEST_BACKEND=$backend cargo nextest run --no-fail-fast -E 'kind(test)' "$@" || status=1
+done
+exit $status

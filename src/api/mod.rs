@@ -116,6 +116,10 @@ impl From<StoreError> for Status {
             StoreError::LeaseTtlTooLarge => {
                 Status::new(Code::OutOfRange, "etcdserver: too large lease TTL")
             }
+            StoreError::KeyTooLong(limit) => Status::new(
+                Code::InvalidArgument,
+                format!("cetera: key is longer than the {limit} bytes this datastore can store"),
+            ),
             StoreError::Stopped => Status::new(Code::Unavailable, "etcdserver: server stopped"),
             StoreError::Backend(error) => {
                 tracing::error!("database error: {error:#}");

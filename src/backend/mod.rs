@@ -198,6 +198,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Size of the database in bytes, and the part of it in use.
     fn size(&self) -> impl Future<Output = BackendResult<DatabaseSize>> + Send;
 
+    /// Longest key the schema can store and index, in bytes.
+    fn max_key_bytes(&self) -> usize {
+        usize::MAX
+    }
+
     /// Resolves when another instance sharing the database may have
     /// committed (Postgres: a NOTIFY; MySQL: the poll interval passed).
     /// A backend no one else writes to never resolves.

@@ -757,6 +757,10 @@ pub struct MysqlWrite {
 }
 
 impl Backend for Mysql {
+    fn max_key_bytes(&self) -> usize {
+        MAX_KEY_BYTES
+    }
+
     type Read = MysqlRead;
     type Write = MysqlWrite;
 

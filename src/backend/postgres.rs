@@ -70,6 +70,10 @@ const LISTEN_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 /// given up as dead.
 const SESSION_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest key stored, in bytes: a B-tree index entry must fit in a third of
+/// an 8 KiB page (2704 bytes), with the revision columns beside the key.
+pub const MAX_KEY_BYTES: usize = 2600;
+
 /// A store in a Postgres database.
 pub struct Postgres {
     pool: Pool,
@@ -1105,6 +1109,10 @@ const LOCK_META: &str =
     "SELECT revision, compact_revision, compacted_through FROM meta WHERE id = 1 FOR UPDATE";
 
 impl Backend for Postgres {
+    fn max_key_bytes(&self) -> usize {
+        MAX_KEY_BYTES
+    }
+
     type Read = PostgresRead;
     type Write = PostgresWrite;
 

@@ -24,6 +24,9 @@ pub enum StoreError {
     /// LeaseGrant with a TTL above the maximum.
     #[error("too large lease TTL")]
     LeaseTtlTooLarge,
+    /// A key longer than the datastore can index.
+    #[error("key is longer than the {0} bytes this datastore can store")]
+    KeyTooLong(usize),
     /// The server is shutting down or its writer stopped.
     #[error("server stopped")]
     Stopped,

@@ -138,6 +138,7 @@ impl<B: Backend> Store<B> {
 
     /// etcd Put.
     pub async fn put(&self, req: PutRequest) -> StoreResult<PutResponse> {
+        self.check_key(&req.key)?;
         match self.write(WriteRequest::Put(req)).await? {
             WriteResponse::Put(resp) => Ok(resp),
             _ => unreachable!("writer answers a Put with a Put"),
@@ -154,6 +155,7 @@ impl<B: Backend> Store<B> {
 
     /// etcd Txn.
     pub async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        self.check_txn_keys(&req)?;
         match self.write(WriteRequest::Txn(req)).await? {
             WriteResponse::Txn(resp) => Ok(resp),
             _ => unreachable!("writer answers a Txn with a Txn"),
@@ -245,23 +247,48 @@ impl<B: Backend> Store<B> {
         })
     }
 
+    /// Refuses a key the backend cannot store before it reaches the writer,
+    /// where a failing row would fail the whole batch.
+    fn check_key(&self, key: &[u8]) -> StoreResult<()> {
+        let limit = self.backend.max_key_bytes();
+        if key.len() > limit {
+            return Err(StoreError::KeyTooLong(limit));
+        }
+        Ok(())
+    }
+
+    fn check_txn_keys(&self, req: &TxnRequest) -> StoreResult<()> {
+        use crate::proto::etcdserverpb::request_op::Request;
+        for op in req.success.iter().chain(&req.failure) {
+            match &op.request {
+                Some(Request::RequestPut(put)) => self.check_key(&put.key)?,
+                Some(Request::RequestTxn(nested)) => self.check_txn_keys(nested)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
         write_through(&self.queue, request).await
     }
 
     /// Stops accepting writes, lets the writer finish what is queued, and waits for it.
-    pub async fn shutdown(self) {
-        let Store {
-            queue,
-            writer,
-            background,
-            ..
-        } = self;
-        for task in background {
+    pub async fn shutdown(mut self) {
+        let writer = std::mem::replace(&mut self.writer, tokio::spawn(async {}));
+        // Dropping the store closes the queue and stops the background jobs.
+        drop(self);
+        let _ = writer.await;
+    }
+}
+
+impl<B: Backend> Drop for Store<B> {
+    /// A store dropped without `shutdown` (in tests, say) stops its
+    /// background jobs; the writer ends once the queue's senders are gone.
+    fn drop(&mut self) {
+        for task in &self.background {
             task.abort();
         }
-        drop(queue);
-        let _ = writer.await;
     }
 }
 
