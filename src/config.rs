@@ -67,6 +67,11 @@ pub struct Config {
     #[arg(long, env = "CETERA_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_interval)]
     pub watch_progress_notify_interval: std::time::Duration,
 
+    /// How often an instance on a shared MySQL database looks for other
+    /// instances' writes (PostgreSQL notifies instead; SQLite is not shared).
+    #[arg(long, env = "CETERA_POLL_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub poll_interval: std::time::Duration,
+
     /// Log line format.
     #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,

@@ -89,7 +89,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
             serve(config, backend, shutdown).await
         }
         Datastore::Mysql(url) => {
-            let backend = Mysql::connect(&url, &config.datastore_tls()).await?;
+            let mut backend = Mysql::connect(&url, &config.datastore_tls()).await?;
+            backend.set_poll_interval(config.poll_interval);
             tracing::info!("connected to MySQL");
             serve(config, backend, shutdown).await
         }
