@@ -31,7 +31,8 @@ fn postgres_base() -> String {
 }
 
 fn mysql_base() -> String {
-    std::env::var("CETERA_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
+    std::env::var("CETERA_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
 }
 
 /// A database for one server; cetera creates it on first start, and it is
@@ -50,10 +51,17 @@ impl FreshDatabase {
         let name = format!("cetera_it_{:016x}", rand::random::<u64>());
         let endpoint = match backend {
             TestBackend::Sqlite => format!("sqlite://{}", dir.join("state.db").display()),
-            TestBackend::Postgres => format!("{}/{name}?sslmode=disable", postgres_base().trim_end_matches('/')),
+            TestBackend::Postgres => format!(
+                "{}/{name}?sslmode=disable",
+                postgres_base().trim_end_matches('/')
+            ),
             TestBackend::Mysql => format!("{}/{name}", mysql_base().trim_end_matches('/')),
         };
-        FreshDatabase { endpoint, backend, name }
+        FreshDatabase {
+            endpoint,
+            backend,
+            name,
+        }
     }
 
     /// The SQLite file, for tests that look at it; None on other backends.
@@ -70,12 +78,18 @@ impl Drop for FreshDatabase {
         }
         // Drop runs outside any runtime guarantee; use a thread of its own.
         let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             runtime.block_on(async move {
                 match backend {
                     TestBackend::Postgres => {
                         let url = format!("{}/postgres", postgres_base().trim_end_matches('/'));
-                        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
+                        let (client, connection) =
+                            tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                                .await
+                                .ok()?;
                         tokio::spawn(connection);
                         client
                             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -86,7 +100,9 @@ impl Drop for FreshDatabase {
                         use mysql_async::prelude::Queryable;
                         let opts = mysql_async::Opts::from_url(&mysql_base()).ok()?;
                         let mut conn = mysql_async::Conn::new(opts).await.ok()?;
-                        conn.query_drop(format!("DROP DATABASE IF EXISTS {name}")).await.ok()?;
+                        conn.query_drop(format!("DROP DATABASE IF EXISTS {name}"))
+                            .await
+                            .ok()?;
                         conn.disconnect().await.ok()
                     }
                     TestBackend::Sqlite => None,

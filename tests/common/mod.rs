@@ -10,6 +10,8 @@
 // Every test crate includes this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod datastore;
+
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -245,7 +247,10 @@ fn fail_startup(msg: &str, log: &Path) -> ! {
 pub struct Cetera {
     proc: Option<Proc>,
     port: u16,
-    db_path: PathBuf,
+    /// The `--endpoint` of the datastore.
+    endpoint: String,
+    /// The database, if this server made it (dropped with the server).
+    _database: Option<datastore::FreshDatabase>,
     extra_args: Vec<String>,
     /// Number of processes started so far; names each run's log file.
     runs: usize,
@@ -260,16 +265,35 @@ impl Cetera {
         Cetera::start_with(&[]).await
     }
 
-    /// Starts cetera with extra command-line arguments, e.g. `["--max-txn-ops", "4"]`.
+    /// Starts cetera with extra command-line arguments, e.g. `["--max-txn-ops", "4"]`,
+    /// on a fresh database of the backend chosen by CETERA_TEST_BACKEND.
     pub async fn start_with(extra_args: &[&str]) -> Cetera {
+        Cetera::launch_new(None, extra_args).await
+    }
+
+    /// Starts another instance on an existing datastore (a shared database).
+    pub async fn start_on(endpoint: &str) -> Cetera {
+        Cetera::launch_new(Some(endpoint), &[]).await
+    }
+
+    async fn launch_new(endpoint: Option<&str>, extra_args: &[&str]) -> Cetera {
         let dir = tempfile::Builder::new()
             .prefix("cetera-test-")
             .tempdir()
             .expect("create tempdir");
+        let database = endpoint
+            .is_none()
+            .then(|| datastore::FreshDatabase::new(dir.path()));
+        let endpoint = match (endpoint, &database) {
+            (Some(endpoint), _) => endpoint.to_string(),
+            (None, Some(database)) => database.endpoint.clone(),
+            (None, None) => unreachable!("a database is made when none is given"),
+        };
         let mut cetera = Cetera {
             proc: None,
             port: 0,
-            db_path: dir.path().join("state.db"),
+            endpoint,
+            _database: database,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             runs: 0,
             dir,
@@ -290,7 +314,7 @@ impl Cetera {
                 "--listen-address".to_string(),
                 format!("127.0.0.1:{}", self.port),
                 "--endpoint".to_string(),
-                format!("sqlite://{}", self.db_path.display()),
+                self.endpoint.clone(),
             ];
             args.extend(self.extra_args.iter().cloned());
             self.runs += 1;
@@ -326,9 +350,9 @@ impl Cetera {
         self.port
     }
 
-    /// The SQLite database file the server runs on.
-    pub fn db_path(&self) -> &Path {
-        &self.db_path
+    /// The `--endpoint` of the datastore the server runs on.
+    pub fn datastore_endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// Everything the server printed so far (current run only).
@@ -699,21 +723,32 @@ impl Side {
         }
     }
 
-    /// The transcript with server-chosen lease ids (decimal, and lower-case hex as
-    /// etcdctl prints them) replaced by `<lease#N>`.
+    /// How a lease id appears in a comparison: `<lease#N>` if the server chose it.
+    pub fn lease_name(&self, id: i64) -> String {
+        match self.server_leases.iter().position(|&l| l == id) {
+            Some(n) => format!("<lease#{n}>"),
+            None => id.to_string(),
+        }
+    }
+
+    /// `text` with server-chosen lease ids (decimal, or hex as etcdctl prints them)
+    /// replaced by `<lease#N>`.
+    pub fn mask(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for (n, id) in self.server_leases.iter().enumerate() {
+            text = text
+                .replace(&id.to_string(), &format!("<lease#{n}>"))
+                .replace(&format!("{id:016x}"), &format!("<lease#{n}>"))
+                .replace(&format!("{id:x}"), &format!("<lease#{n}>"));
+        }
+        text
+    }
+
+    /// The transcript with server-chosen lease ids replaced by `<lease#N>`.
     fn masked_transcript(&self) -> Vec<(String, String)> {
-        let mask = |text: &str| {
-            let mut text = text.to_string();
-            for (n, id) in self.server_leases.iter().enumerate() {
-                text = text
-                    .replace(&id.to_string(), &format!("<lease#{n}>"))
-                    .replace(&format!("{id:x}"), &format!("<lease#{n}>"));
-            }
-            text
-        };
         self.transcript
             .iter()
-            .map(|(step, outcome)| (step.clone(), mask(outcome)))
+            .map(|(step, outcome)| (self.mask(step), self.mask(outcome)))
             .collect()
     }
 
@@ -735,7 +770,19 @@ impl Side {
     /// Sends a Put, records `put <key> -> rev=N` or the error; returns the revision (0
     /// on error).
     pub async fn put_req(&mut self, put: PutRequest) -> i64 {
-        let step = format!("put {}={}", show(&put.key), show(&put.value));
+        let mut step = format!("put {}={}", show(&put.key), show(&put.value));
+        if put.lease != 0 {
+            step += &format!(" lease={}", put.lease);
+        }
+        for (set, flag) in [
+            (put.prev_kv, " prev_kv"),
+            (put.ignore_value, " ignore_value"),
+            (put.ignore_lease, " ignore_lease"),
+        ] {
+            if set {
+                step += flag;
+            }
+        }
         let result = self.kv.put(put).await;
         let revision = result
             .as_ref()
@@ -803,17 +850,18 @@ impl Side {
         );
     }
 
-    /// Reads the value of one key and records it.
-    pub async fn get(&mut self, key: &[u8]) {
+    /// Reads `[key, range_end)` (one key when `range_end` is empty) and records the kvs.
+    pub async fn get(&mut self, key: &[u8], range_end: &[u8]) {
         let result = self
             .kv
             .range(RangeRequest {
                 key: key.to_vec(),
+                range_end: range_end.to_vec(),
                 ..Default::default()
             })
             .await;
         self.note(
-            format!("get {}", show(key)),
+            format!("get {}..{}", show(key), show(range_end)),
             outcome(result, |r| {
                 let kvs: Vec<String> = r.kvs.iter().map(show_kv).collect();
                 format!("rev={} kvs=[{}]", header_rev(&r.header), kvs.join("; "))
@@ -854,9 +902,11 @@ impl Side {
     }
 
     /// Reads until `controls` responses without events and `events` events have arrived,
-    /// and records them with response boundaries erased: the control responses in arrival
-    /// order, then each watch id's events in order (each with its response's header
-    /// revision). For catching-up watchers, whose batching depends on timing.
+    /// and records them with response boundaries erased: the created responses in arrival
+    /// order, the other control responses (e.g. compaction cancels, which etcd sends in no
+    /// particular order) by watch id, then each watch id's events in order, each with its
+    /// response's header revision. For catching-up watchers, whose batching depends on
+    /// timing.
     pub async fn recv_flat(
         &mut self,
         ws: &mut WatchStream,
@@ -870,7 +920,7 @@ impl Side {
         while seen_controls.len() < controls || seen_events.len() < events {
             let left = deadline.saturating_duration_since(Instant::now());
             match ws.recv(left).await {
-                Ok(r) if r.events.is_empty() => seen_controls.push(show_watch_response(&r)),
+                Ok(r) if r.events.is_empty() => seen_controls.push(r),
                 Ok(r) => {
                     let rev = header_rev(&r.header);
                     for event in &r.events {
@@ -883,9 +933,10 @@ impl Side {
                 }
             }
         }
-        // Stable: keeps each watcher's events in arrival order.
+        // Stable sorts: created responses and each watcher's events keep arrival order.
+        seen_controls.sort_by_key(|r| if r.created { i64::MIN } else { r.watch_id });
         seen_events.sort_by_key(|(id, _)| *id);
-        let mut lines = seen_controls;
+        let mut lines: Vec<String> = seen_controls.iter().map(show_watch_response).collect();
         lines.extend(
             seen_events
                 .into_iter()
@@ -951,7 +1002,7 @@ pub fn self_check() -> bool {
 /// Runs `scenario` against a fresh etcd (started with `etcd_args`) and a fresh cetera
 /// (with `cetera_args`) at the same time, then compares the two transcripts step by step
 /// and panics listing every step where they differ. Skips when etcd is not installed
-/// outside CI.
+/// outside CI. `CETERA_DIFF_VERBOSE=1` prints etcd's transcript.
 pub async fn differential(
     etcd_args: &[&str],
     cetera_args: &[&str],
@@ -974,6 +1025,14 @@ pub async fn differential(
     let mut actual = Side::new(name, addr, server).await;
     tokio::join!(scenario(&mut expected), scenario(&mut actual));
     let (want, got) = (expected.masked_transcript(), actual.masked_transcript());
+    if std::env::var_os("CETERA_DIFF_VERBOSE").is_some() {
+        for (i, (step, outcome)) in want.iter().enumerate() {
+            eprintln!(
+                "step {i}: {step}\n    etcd: {}",
+                outcome.replace('\n', "\n          ")
+            );
+        }
+    }
     let mut report = String::new();
     for i in 0..want.len().max(got.len()) {
         let (w, g) = (want.get(i), got.get(i));
@@ -995,4 +1054,35 @@ pub async fn differential(
     if !report.is_empty() {
         panic!("etcd and {name} disagree:{report}");
     }
+}
+
+/// etcdctl output made comparable between servers: etcdctl's own JSON log lines (retry
+/// warnings with timestamps and addresses) dropped, and the cluster id, member id and
+/// raft term zeroed in `-w json` and `-w fields` output.
+pub fn normalize_etcdctl(text: &str) -> String {
+    let mut out: String = text
+        .lines()
+        .filter(|line| !line.starts_with("{\"level\":"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    for field in [
+        "\"cluster_id\":",
+        "\"member_id\":",
+        "\"raft_term\":",
+        "\"ClusterID\" : ",
+        "\"MemberID\" : ",
+        "\"RaftTerm\" : ",
+    ] {
+        let mut result = String::new();
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(field) {
+            let (before, after) = rest.split_at(at + field.len());
+            result.push_str(before);
+            result.push('0');
+            rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
+        }
+        result.push_str(rest);
+        out = result;
+    }
+    out
 }
