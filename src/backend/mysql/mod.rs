@@ -1,0 +1,667 @@
+//! The MySQL/MariaDB backend (mysql_async).
+//!
+//! Reads run on pooled connections, each in a `START TRANSACTION WITH
+//! CONSISTENT SNAPSHOT, READ ONLY` at REPEATABLE READ, so the counters and the
+//! data a read sees come from one snapshot. A write transaction first locks
+//! the `meta` row (`SELECT ... FOR UPDATE`): several cetera instances on one
+//! database therefore write one after another and allocate dense revisions in
+//! commit order. Statements are prepared once per connection and cached by
+//! mysql_async; transactions are begun and ended with plain statements, and a
+//! transaction dropped before it ends is rolled back before its connection is
+//! reused.
+//!
+//! Endpoints come in two spellings: mysql_async's URL
+//! (`mysql://user:pass@host:3306/db?options`) and kine's Go driver DSN
+//! (`mysql://user:pass@tcp(host:3306)/db`, `unix(/path.sock)`), see
+//! `Endpoint::parse`.
+//!
+//! The code is split by concern: `endpoint` and `dsn` parse endpoints, `tls`
+//! builds the TLS options, `connect` reaches the server (retries at startup,
+//! migrations), `txn` holds the transactions and their writes, and `queries`
+//! the statements they read with.
+
+mod connect;
+mod dsn;
+mod endpoint;
+mod queries;
+mod tls;
+mod txn;
+
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, IoError, Opts, Pool};
+
+use self::connect::{connect_server, migrate, quote_ident};
+use self::endpoint::Endpoint;
+use self::queries::{query_revisions, select};
+use self::tls::ssl_opts;
+use self::txn::{MysqlRead, MysqlWrite, Session};
+use super::{Backend, BackendResult, DatabaseSize};
+use crate::config::DatastoreTls;
+
+/// Longest key the schema stores, in bytes (`VARBINARY(3056)`: with the
+/// revision and sub columns it fills InnoDB's 3072-byte index limit; see
+/// migrations/mysql/V1__initial.sql).
+const MAX_KEY_BYTES: usize = 3056;
+
+/// The database used when the endpoint names none, as kine does.
+const DEFAULT_DATABASE: &str = "kubernetes";
+
+/// How often [`Backend::changed`] reports that another instance may have
+/// written: MySQL has no notifications, so shared databases are polled.
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long `connect` keeps trying to reach a server that refuses or drops
+/// connections (it may still be starting).
+const CONNECT_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// Prepared statements kept per connection; the backend uses about 30, and
+/// mysql_async's default cache of 32 would keep evicting them.
+const STATEMENT_CACHE: usize = 64;
+
+/// Statements run on every new connection (and again after a reset): the
+/// isolation level `read()` relies on, whatever the server's default, and
+/// strict mode, so that nothing (a too long key above all) is ever silently
+/// truncated.
+const SESSION_SETUP: [&str; 2] = [
+    "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'",
+];
+
+/// A store in a MySQL or MariaDB database.
+pub struct Mysql {
+    pool: Pool,
+    /// Options of the pool's connections, for the dedicated lock connection.
+    opts: Opts,
+    database: String,
+    poll_interval: Duration,
+    /// The connection holding this instance's named locks (`GET_LOCK` locks
+    /// belong to a session, so they need one that is never pooled or reset).
+    lock_conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+impl Mysql {
+    /// Connects to the database named by `url`, creating it and its schema if
+    /// needed. `url` is a `mysql://` URL or a Go-style DSN (see
+    /// `Endpoint::parse`); `tls` files, when given, turn TLS on.
+    ///
+    /// A server that refuses connections is retried for up to 30 s, as it
+    /// may still be starting.
+    pub async fn connect(url: &str, tls: &DatastoreTls) -> anyhow::Result<Self> {
+        Self::connect_within(url, tls, CONNECT_RETRY_FOR).await
+    }
+
+    async fn connect_within(
+        url: &str,
+        tls: &DatastoreTls,
+        retry_for: Duration,
+    ) -> anyhow::Result<Self> {
+        let endpoint = Endpoint::parse(url)?;
+        let where_ = endpoint.describe();
+        let ssl = ssl_opts(&endpoint, tls)?;
+        let given = Opts::from(endpoint.opts.clone());
+        let base = endpoint
+            .opts
+            .clone()
+            .setup(SESSION_SETUP.to_vec())
+            .stmt_cache_size(STATEMENT_CACHE.max(given.stmt_cache_size()))
+            // Transactions are ended by this module, so the pool need not
+            // reset connections; a reset would also drop their prepared statements.
+            .pool_opts(given.pool_opts().clone().with_reset_connection(false));
+
+        // First reach the server without naming the database, which may not exist yet.
+        let (mut conn, ssl) = connect_server(base.clone(), ssl, &where_, retry_for).await?;
+        let base = base.ssl_opts(ssl);
+        let create = format!(
+            "CREATE DATABASE IF NOT EXISTS {}",
+            quote_ident(&endpoint.database)
+        );
+        if let Err(error) = conn.query_drop(&create).await {
+            // A user without the CREATE privilege may still own an existing database.
+            tracing::warn!(
+                database = %endpoint.database,
+                "cannot create the database, assuming it exists: {error}"
+            );
+        }
+        let _ = conn.disconnect().await;
+
+        let opts = Opts::from(base.db_name(Some(endpoint.database.clone())));
+        let pool = Pool::new(opts.clone());
+        migrate(&pool, &opts, &endpoint.database)
+            .await
+            .with_context(|| format!("cannot set up database {} on {where_}", endpoint.database))?;
+        Ok(Mysql {
+            pool,
+            opts,
+            database: endpoint.database,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            lock_conn: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// Sets how often [`Backend::changed`] resolves (default 100 ms).
+    pub fn set_poll_interval(&mut self, interval: Duration) {
+        self.poll_interval = interval;
+    }
+
+    /// The name of the database holding the store.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    async fn conn(&self) -> BackendResult<Conn> {
+        self.pool
+            .get_conn()
+            .await
+            .map_err(db_error)
+            .context("cannot get a MySQL connection")
+    }
+
+    /// A pooled connection with a transaction begun by `statement`.
+    async fn begin(&self, statement: &str) -> BackendResult<Session> {
+        // The pool checks a connection's socket before handing it out, but a
+        // server restart can still leave a dead one to be found on first
+        // use; nothing has happened yet, so take another.
+        let mut attempts = 0;
+        loop {
+            let mut conn = self.conn().await?;
+            match conn.query_drop(statement).await {
+                Ok(()) => {
+                    return Ok(Session {
+                        conn: Some(conn),
+                        open: true,
+                    });
+                }
+                Err(error) if error.is_fatal() && attempts < 3 => attempts += 1,
+                Err(error) => return Err(db_error(error).context(format!("MySQL: {statement}"))),
+            }
+        }
+    }
+}
+
+/// A mysql_async error as one message. Its own Display repeats the message
+/// of its source, which anyhow's `{:#}` would then print once more.
+fn db_error(error: mysql_async::Error) -> anyhow::Error {
+    match error {
+        mysql_async::Error::Io(IoError::Io(e)) => anyhow!("{e}"),
+        mysql_async::Error::Io(IoError::Tls(e)) => anyhow!("TLS: {e}"),
+        mysql_async::Error::Server(e) => anyhow!("{e}"),
+        mysql_async::Error::Driver(e) => anyhow!("{e}"),
+        mysql_async::Error::Url(e) => anyhow!("{e}"),
+        mysql_async::Error::Other(e) => anyhow!("{e}"),
+    }
+}
+
+/// The server-wide name of lock `name` of the store in `database`. MySQL
+/// limits lock names to 64 characters, so long ones are hashed (FNV-1a, which
+/// every cetera version computes alike).
+fn lock_name(database: &str, name: &str) -> String {
+    let full = format!("cetera/{database}/{name}");
+    if full.chars().count() <= 64 {
+        return full;
+    }
+    let hash = full.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("cetera/{hash:016x}")
+}
+
+impl Backend for Mysql {
+    fn max_key_bytes(&self) -> usize {
+        MAX_KEY_BYTES
+    }
+
+    type Read = MysqlRead;
+    type Write = MysqlWrite;
+
+    async fn read(&self) -> BackendResult<MysqlRead> {
+        let session = self
+            .begin("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            .await?;
+        Ok(MysqlRead { session })
+    }
+
+    async fn write(&self) -> BackendResult<MysqlWrite> {
+        let session = self.begin("START TRANSACTION READ WRITE").await?;
+        let mut txn = MysqlWrite {
+            session,
+            revisions: None,
+        };
+        // Lock the counters before anything else: InnoDB takes a REPEATABLE
+        // READ snapshot at the first plain read, so every read of this
+        // transaction then sees what the previous writer (of any instance) committed.
+        txn.revisions = Some(query_revisions(txn.session.conn(), true).await?);
+        Ok(txn)
+    }
+
+    async fn size(&self) -> BackendResult<DatabaseSize> {
+        let mut conn = self.conn().await?;
+        // MySQL 8 caches table statistics for a day by default; MariaDB has
+        // no such setting and refuses it, which is fine.
+        let _ = conn
+            .query_drop("SET SESSION information_schema_stats_expiry = 0")
+            .await;
+        let rows: Vec<(i64,)> = select(
+            &mut conn,
+            "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
+             FROM information_schema.TABLES WHERE table_schema = ?",
+            (self.database.as_str(),),
+        )
+        .await?;
+        // InnoDB reports no free space inside the pages it uses, so all of it counts as in use.
+        let total = rows.first().map_or(0, |r| r.0);
+        Ok(DatabaseSize {
+            total,
+            in_use: total,
+        })
+    }
+
+    async fn changed(&self) {
+        tokio::time::sleep(self.poll_interval).await;
+    }
+
+    async fn hold_lock(&self, name: &str) -> BackendResult<bool> {
+        let lock = lock_name(&self.database, name);
+        let mut slot = self.lock_conn.lock().await;
+        // Ours already, or free and now taken. IF evaluates only one branch,
+        // so a lock already held is not taken again (GET_LOCK nests).
+        const HOLD: &str = "SELECT IF(IS_USED_LOCK(?) IS NULL, GET_LOCK(?, 0), \
+                            IS_USED_LOCK(?) = CONNECTION_ID())";
+        let mut first_try = true;
+        loop {
+            let conn = match slot.as_mut() {
+                Some(conn) => conn,
+                None => slot.insert(
+                    Conn::new(self.opts.clone())
+                        .await
+                        .map_err(db_error)
+                        .context("cannot open the MySQL lock connection")?,
+                ),
+            };
+            let params = (lock.as_str(), lock.as_str(), lock.as_str());
+            match conn.exec_first::<Option<i64>, _, _>(HOLD, params).await {
+                Ok(held) => return Ok(held.flatten() == Some(1)),
+                Err(error) if first_try && error.is_fatal() => {
+                    // The session is gone and its locks with it: start a new
+                    // one and try to take the lock again.
+                    tracing::warn!("MySQL lock connection lost, reconnecting: {error}");
+                    *slot = None;
+                    first_try = false;
+                }
+                Err(error) => {
+                    return Err(db_error(error).context(format!("cannot take lock {lock}")));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::backend::conformance::TestStore;
+    use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn, WriteTxn};
+    use crate::proto::mvccpb::KeyValue;
+    use crate::store::Store;
+
+    /// The server the tests use; each test gets a database of its own on it.
+    fn test_server_url() -> String {
+        std::env::var("CETERA_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/".to_string())
+    }
+
+    /// `url` with its database replaced by `database` (URL form only).
+    fn with_database(url: &str, database: &str) -> String {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let authority = base
+            .find("://")
+            .expect("CETERA_TEST_MYSQL_URL must be a URL")
+            + 3;
+        let path = base[authority..]
+            .find('/')
+            .map_or(base.len(), |i| authority + i);
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{query}")
+        };
+        format!("{}/{database}{query}", &base[..path])
+    }
+
+    /// Drops the test database when the test ends.
+    struct DropDatabase {
+        server: String,
+        database: String,
+    }
+
+    impl Drop for DropDatabase {
+        fn drop(&mut self) {
+            let (server, database) = (self.server.clone(), self.database.clone());
+            // Drop cannot await, and the test's runtime may be single-threaded:
+            // do it on a thread with a runtime of its own.
+            let dropped = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async {
+                    let mut conn = Conn::new(Opts::from_url(&server)?).await?;
+                    // Connections of the store that are still open (a task in
+                    // the middle of a transaction) would hold DROP DATABASE up.
+                    let others: Vec<u64> = conn
+                        .exec(
+                            "SELECT id FROM information_schema.PROCESSLIST \
+                             WHERE db = ? AND id <> CONNECTION_ID()",
+                            (database.as_str(),),
+                        )
+                        .await?;
+                    for id in others {
+                        let _ = conn.query_drop(format!("KILL {id}")).await;
+                    }
+                    conn.query_drop("SET SESSION lock_wait_timeout = 10")
+                        .await?;
+                    conn.query_drop(format!(
+                        "DROP DATABASE IF EXISTS {}",
+                        quote_ident(&database)
+                    ))
+                    .await?;
+                    conn.disconnect().await?;
+                    anyhow::Ok(())
+                })
+            })
+            .join();
+            if let Ok(Err(error)) = dropped {
+                eprintln!("cannot drop test database {}: {error:#}", self.database);
+            }
+        }
+    }
+
+    async fn open() -> TestStore<Mysql> {
+        let server = test_server_url();
+        let database = format!("cetera_test_{:016x}", rand::random::<u64>());
+        let backend = Mysql::connect_within(
+            &with_database(&server, &database),
+            &DatastoreTls::default(),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "the MySQL conformance tests need a MySQL or MariaDB server at {server} \
+                 (set CETERA_TEST_MYSQL_URL to use another): {error:#}"
+            )
+        });
+        let guard = DropDatabase { server, database };
+        TestStore {
+            store: Store::open(backend).await.unwrap(),
+            guard: Box::new(guard),
+        }
+    }
+
+    crate::conformance_suite!(open);
+
+    #[test]
+    fn lock_names_fit_mysql() {
+        assert_eq!(lock_name("kubernetes", "lease"), "cetera/kubernetes/lease");
+        let long = lock_name(&"d".repeat(64), "lease-expiry");
+        assert!(long.len() <= 64 && long.starts_with("cetera/"), "{long}");
+        assert_eq!(long, lock_name(&"d".repeat(64), "lease-expiry"));
+        assert_ne!(long, lock_name(&"d".repeat(64), "compaction"));
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_a_clear_error() {
+        // Nothing listens on port 1.
+        let error = Mysql::connect_within(
+            "mysql://root@127.0.0.1:1/db",
+            &DatastoreTls::default(),
+            Duration::from_millis(600),
+        )
+        .await
+        .err()
+        .expect("no server");
+        let message = format!("{error:#}");
+        assert!(message.contains("127.0.0.1:1"), "{message}");
+        assert!(message.contains("gave up"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn keys_are_bytes_and_too_long_keys_are_refused() {
+        let t = open().await;
+        let backend = t.store.backend();
+        let keys: Vec<Vec<u8>> = vec![
+            b"a".to_vec(),
+            b"a ".to_vec(),
+            b"a\0".to_vec(),
+            b"A".to_vec(),
+            vec![0xff, 0x00],
+            vec![b'k'; MAX_KEY_BYTES],
+        ];
+        let mut txn = backend.write().await.unwrap();
+        let mut revs = txn.revisions().await.unwrap();
+        for (sub, key) in keys.iter().enumerate() {
+            let entry = LogEntry {
+                kv: KeyValue {
+                    key: key.clone(),
+                    value: vec![0, 1, 2, 0xff],
+                    create_revision: 2,
+                    mod_revision: 2,
+                    version: 1,
+                    lease: 0,
+                },
+                sub: sub as i64,
+                deleted: false,
+            };
+            txn.append(&entry).await.unwrap();
+        }
+        revs.current = 2;
+        txn.set_revisions(revs).await.unwrap();
+        let too_long = LogEntry {
+            kv: KeyValue {
+                key: vec![b'k'; MAX_KEY_BYTES + 1],
+                ..Default::default()
+            },
+            sub: 99,
+            deleted: false,
+        };
+        let message = format!("{:#}", txn.append(&too_long).await.unwrap_err());
+        assert!(message.contains("longer than"), "{message}");
+        txn.commit().await.unwrap();
+
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let mut read = backend.read().await.unwrap();
+        let all = KeyRange {
+            start: vec![0],
+            end: None,
+        };
+        for at in [ReadAt::Current, ReadAt::Revision(2)] {
+            let got = read.range(&all, at, 0, false).await.unwrap();
+            let got_keys: Vec<Vec<u8>> = got.iter().map(|kv| kv.key.clone()).collect();
+            assert_eq!(got_keys, sorted, "{at:?}");
+            assert!(got.iter().all(|kv| kv.value == [0, 1, 2, 0xff]));
+            assert_eq!(read.count(&all, at).await.unwrap(), keys.len() as i64);
+            let single = KeyRange::single(b"a");
+            let one = read.range(&single, at, 0, true).await.unwrap();
+            assert_eq!(one.len(), 1);
+            assert_eq!(one[0].key, b"a");
+            let two = read.range(&all, at, 2, false).await.unwrap();
+            assert_eq!(two.len(), 2);
+        }
+        drop(read);
+
+        // A value bigger than etcd's request limit goes through whole.
+        let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let mut txn = backend.write().await.unwrap();
+        let entry = LogEntry {
+            kv: KeyValue {
+                key: b"big".to_vec(),
+                value: big.clone(),
+                create_revision: 3,
+                mod_revision: 3,
+                version: 1,
+                lease: 0,
+            },
+            sub: 0,
+            deleted: false,
+        };
+        txn.append(&entry).await.unwrap();
+        txn.commit().await.unwrap();
+        let mut read = backend.read().await.unwrap();
+        let single = KeyRange::single(b"big");
+        for at in [ReadAt::Current, ReadAt::Revision(3)] {
+            let got = read.range(&single, at, 0, false).await.unwrap();
+            assert!(got[0].value == big, "{at:?}");
+        }
+        drop(read);
+
+        let size = backend.size().await.unwrap();
+        assert!(size.total > 0 && size.in_use <= size.total, "{size:?}");
+    }
+
+    #[tokio::test]
+    async fn go_dsn_and_socket_endpoints_connect() {
+        let t = open().await;
+        let database = t.store.backend().database();
+        let server = Opts::from(Endpoint::parse(&test_server_url()).unwrap().opts);
+        let credentials = match server.pass() {
+            Some(pass) => format!("{}:{pass}", server.user().unwrap_or_default()),
+            None => server.user().unwrap_or_default().to_string(),
+        };
+        let (host, port) = (server.ip_or_hostname(), server.tcp_port());
+        let quick = Duration::from_secs(1);
+        let none = DatastoreTls::default();
+        // tls=preferred: TLS if the server has it, plain text if not.
+        let go = format!("mysql://{credentials}@tcp({host}:{port})/{database}?tls=preferred");
+        let backend = Mysql::connect_within(&go, &none, quick).await.unwrap();
+        let mut txn = backend.read().await.unwrap();
+        assert_eq!(txn.revisions().await.unwrap().current, 1);
+
+        let socket = "/run/mysqld/mysqld.sock";
+        if std::path::Path::new(socket).exists() {
+            let unix = format!("mysql://{credentials}@unix({socket})/{database}");
+            let backend = Mysql::connect_within(&unix, &none, quick).await.unwrap();
+            let mut txn = backend.read().await.unwrap();
+            assert_eq!(txn.revisions().await.unwrap().current, 1);
+        } else {
+            eprintln!("no server socket at {socket}; unix(...) endpoint not tried");
+        }
+    }
+
+    /// Needs a server with TLS: CETERA_TEST_MYSQL_TLS_URL (a user that
+    /// REQUIRE X509), and CETERA_TEST_MYSQL_TLS_DIR holding ca.pem,
+    /// client.pem and client.key.
+    #[tokio::test]
+    #[ignore = "needs a MySQL server with TLS, see the comment"]
+    async fn tls_with_ca_and_client_certificate() {
+        let url = std::env::var("CETERA_TEST_MYSQL_TLS_URL").unwrap();
+        let dir = PathBuf::from(std::env::var("CETERA_TEST_MYSQL_TLS_DIR").unwrap());
+        let files = DatastoreTls {
+            ca_file: Some(dir.join("ca.pem")),
+            cert_file: Some(dir.join("client.pem")),
+            key_file: Some(dir.join("client.key")),
+        };
+        let quick = Duration::from_secs(1);
+        let backend = Mysql::connect_within(&url, &files, quick).await.unwrap();
+        let mut txn = backend.read().await.unwrap();
+        assert_eq!(txn.revisions().await.unwrap().current, 1);
+        let mut conn = backend.conn().await.unwrap();
+        let cipher: Option<(String, String)> = conn
+            .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            .await
+            .unwrap();
+        assert!(!cipher.unwrap().1.is_empty(), "the connection uses TLS");
+        // Without the client certificate the server refuses the user.
+        let ca_only = DatastoreTls {
+            ca_file: files.ca_file.clone(),
+            ..Default::default()
+        };
+        let message = format!(
+            "{:#}",
+            Mysql::connect_within(&url, &ca_only, quick)
+                .await
+                .err()
+                .unwrap()
+        );
+        assert!(message.contains("Access denied"), "{message}");
+        // A CA that did not sign the server's certificate is refused.
+        let wrong_ca = DatastoreTls {
+            ca_file: files.cert_file.clone(),
+            ..files.clone()
+        };
+        assert!(Mysql::connect_within(&url, &wrong_ca, quick).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_lock_whose_session_died_is_taken_again() {
+        let t = open().await;
+        let backend = t.store.backend();
+        assert!(backend.hold_lock("job").await.unwrap());
+        let mut admin = Conn::new(Opts::from_url(&test_server_url()).unwrap())
+            .await
+            .unwrap();
+        let holder: Option<Option<u64>> = admin
+            .exec_first(
+                "SELECT IS_USED_LOCK(?)",
+                (lock_name(backend.database(), "job"),),
+            )
+            .await
+            .unwrap();
+        let holder = holder.flatten().expect("the lock is held");
+        admin.query_drop(format!("KILL {holder}")).await.unwrap();
+        assert!(backend.hold_lock("job").await.unwrap(), "taken again");
+        let now: Option<Option<u64>> = admin
+            .exec_first(
+                "SELECT IS_USED_LOCK(?)",
+                (lock_name(backend.database(), "job"),),
+            )
+            .await
+            .unwrap();
+        assert_ne!(now.flatten(), Some(holder), "by a new session");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_write_is_rolled_back_and_writers_serialize() {
+        let t = open().await;
+        let backend = t.store.backend();
+        let before = t.store.revisions();
+        {
+            let mut txn = backend.write().await.unwrap();
+            let mut revs = txn.revisions().await.unwrap();
+            revs.current += 10;
+            txn.set_revisions(revs).await.unwrap();
+            // Dropped without commit.
+        }
+        let mut second = backend.write().await.unwrap();
+        assert_eq!(second.revisions().await.unwrap(), before);
+        // A writer of another instance waits for the first one's lock.
+        let other = Mysql::connect(
+            &with_database(&test_server_url(), backend.database()),
+            &DatastoreTls::default(),
+        )
+        .await
+        .unwrap();
+        // Named locks: one holder at a time, across instances.
+        assert!(backend.hold_lock("job").await.unwrap());
+        assert!(backend.hold_lock("job").await.unwrap(), "still held");
+        assert!(!other.hold_lock("job").await.unwrap(), "held by the other");
+        assert!(other.hold_lock("other-job").await.unwrap());
+        let waiting = tokio::spawn(async move {
+            let mut txn = other.write().await.unwrap();
+            txn.revisions().await.unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the second writer waits for the lock"
+        );
+        let mut revs = second.revisions().await.unwrap();
+        revs.current += 1;
+        second.set_revisions(revs).await.unwrap();
+        second.commit().await.unwrap();
+        assert_eq!(waiting.await.unwrap().current, before.current + 1);
+    }
+}
