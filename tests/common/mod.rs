@@ -533,7 +533,10 @@ impl WatchStream {
         let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
         let (tx, responses) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
-            let mut client = cetera::proto::etcdserverpb::watch_client::WatchClient::new(channel);
+            // Like etcd's Go client (MaxCallRecvMsgSize = MaxInt32): a catching-up
+            // watcher's batch can exceed tonic's 4 MiB default.
+            let mut client = cetera::proto::etcdserverpb::watch_client::WatchClient::new(channel)
+                .max_decoding_message_size(i32::MAX as usize);
             let mut request =
                 tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
             if has_leader {
@@ -573,6 +576,13 @@ impl WatchStream {
         });
     }
 
+    /// Sends a WatchRequest with no request in it.
+    pub fn send_empty(&self) {
+        let _ = self.requests.send(WatchRequest {
+            request_union: None,
+        });
+    }
+
     /// Sends a WatchCreateRequest.
     pub fn create(&self, create: WatchCreateRequest) {
         self.send(RequestUnion::CreateRequest(create));
@@ -607,14 +617,21 @@ impl WatchStream {
     }
 }
 
-/// Bytes as a quoted, escaped string: `"a/\x00"`.
+/// Bytes as a quoted, escaped string: `"a/\x00"`; beyond 64 bytes shortened to
+/// `"first bytes..."(N bytes)`.
 pub fn show(bytes: &[u8]) -> String {
+    const SHOWN: usize = 64;
     let escaped: String = bytes
         .iter()
+        .take(SHOWN)
         .flat_map(|&b| std::ascii::escape_default(b))
         .map(char::from)
         .collect();
-    format!("\"{escaped}\"")
+    if bytes.len() > SHOWN {
+        format!("\"{escaped}...\"({} bytes)", bytes.len())
+    } else {
+        format!("\"{escaped}\"")
+    }
 }
 
 /// A key-value in one line: `"k"="v" c=2 m=3 ver=2` (plus `lease=N` when leased).
@@ -1008,10 +1025,9 @@ pub async fn differential(
     cetera_args: &[&str],
     scenario: impl AsyncFn(&mut Side),
 ) {
-    let (etcd, subject): (
-        Option<Etcd>,
-        Option<(&str, String, Box<dyn std::any::Any + Send>)>,
-    ) = if self_check() {
+    // The subject's name, its address and the server process (kept alive by the Side).
+    type Subject = (&'static str, String, Box<dyn std::any::Any + Send>);
+    let (etcd, subject): (Option<Etcd>, Option<Subject>) = if self_check() {
         let (a, b) = tokio::join!(Etcd::start_with(etcd_args), Etcd::start_with(etcd_args));
         (a, b.map(|b| ("etcd #2", b.addr(), Box::new(b) as _)))
     } else {
