@@ -300,7 +300,6 @@ impl Backend for Mysql {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use super::*;
     use crate::backend::conformance::TestStore;
@@ -549,50 +548,6 @@ mod tests {
         } else {
             eprintln!("no server socket at {socket}; unix(...) endpoint not tried");
         }
-    }
-
-    /// Needs a server with TLS: CETERA_TEST_MYSQL_TLS_URL (a user that
-    /// REQUIRE X509), and CETERA_TEST_MYSQL_TLS_DIR holding ca.pem,
-    /// client.pem and client.key.
-    #[tokio::test]
-    #[ignore = "needs a MySQL server with TLS, see the comment"]
-    async fn tls_with_ca_and_client_certificate() {
-        let url = std::env::var("CETERA_TEST_MYSQL_TLS_URL").unwrap();
-        let dir = PathBuf::from(std::env::var("CETERA_TEST_MYSQL_TLS_DIR").unwrap());
-        let files = DatastoreTls {
-            ca_file: Some(dir.join("ca.pem")),
-            cert_file: Some(dir.join("client.pem")),
-            key_file: Some(dir.join("client.key")),
-        };
-        let quick = Duration::from_secs(1);
-        let backend = Mysql::connect_within(&url, &files, quick).await.unwrap();
-        let mut txn = backend.read().await.unwrap();
-        assert_eq!(txn.revisions().await.unwrap().current, 1);
-        let mut conn = backend.conn().await.unwrap();
-        let cipher: Option<(String, String)> = conn
-            .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
-            .await
-            .unwrap();
-        assert!(!cipher.unwrap().1.is_empty(), "the connection uses TLS");
-        // Without the client certificate the server refuses the user.
-        let ca_only = DatastoreTls {
-            ca_file: files.ca_file.clone(),
-            ..Default::default()
-        };
-        let message = format!(
-            "{:#}",
-            Mysql::connect_within(&url, &ca_only, quick)
-                .await
-                .err()
-                .unwrap()
-        );
-        assert!(message.contains("Access denied"), "{message}");
-        // A CA that did not sign the server's certificate is refused.
-        let wrong_ca = DatastoreTls {
-            ca_file: files.cert_file.clone(),
-            ..files.clone()
-        };
-        assert!(Mysql::connect_within(&url, &wrong_ca, quick).await.is_err());
     }
 
     #[tokio::test]
