@@ -2,6 +2,7 @@
 //! sorting and limit. Used by plain Range requests and by ranges inside a Txn.
 
 use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::error::{StoreError, StoreResult};
 use crate::backend::{KeyRange, ReadAt, ReadTxn};
@@ -61,10 +62,14 @@ pub async fn range<T: ReadTxn>(
             ..Default::default()
         });
     }
+    let overlay = match at {
+        ReadAt::Revision(revision) => overlay(txn, &keys, revision, current).await?,
+        ReadAt::Current => None,
+    };
     if req.count_only {
         return Ok(RangeResponse {
             header,
-            count: txn.count(&keys, at).await?,
+            count: count_at(txn, &keys, at, overlay.as_ref()).await?,
             ..Default::default()
         });
     }
@@ -83,12 +88,12 @@ pub async fn range<T: ReadTxn>(
         req.limit as usize + 1
     };
     let keys_only = req.keys_only && sort_target != SortTarget::Value;
-    let mut kvs = txn.range(&keys, at, fetch_limit, keys_only).await?;
+    let mut kvs = range_at(txn, &keys, at, overlay.as_ref(), fetch_limit, keys_only).await?;
     // The count ignores limit and filters; skip its query when everything was fetched.
     let count = if fetch_limit == 0 || kvs.len() < fetch_limit {
         kvs.len() as i64
     } else {
-        txn.count(&keys, at).await?
+        count_at(txn, &keys, at, overlay.as_ref()).await?
     };
 
     if has_filter {
@@ -117,6 +122,114 @@ pub async fn range<T: ReadTxn>(
         more,
         count,
     })
+}
+
+/// A read at a recent past revision is served from the live keys, corrected
+/// by the few keys changed since: the apiserver pins every page of a List to
+/// its first page's revision, and this keeps those pages as cheap as current
+/// reads instead of searching the history of every key in the range.
+const OVERLAY_MAX_REVISIONS: i64 = 1000;
+
+/// The keys of a range changed after a revision: their state then, and
+/// whether they exist now.
+struct Overlay {
+    then: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    live_now: usize,
+}
+
+/// The overlay for reading `keys` at `revision`, or None when too much
+/// changed since for it to pay off.
+async fn overlay<T: ReadTxn>(
+    txn: &mut T,
+    keys: &KeyRange,
+    revision: i64,
+    current: i64,
+) -> StoreResult<Option<Overlay>> {
+    if current - revision > OVERLAY_MAX_REVISIONS {
+        return Ok(None);
+    }
+    let changed: BTreeSet<Vec<u8>> = txn
+        .log_entries(revision, current)
+        .await?
+        .into_iter()
+        .filter(|entry| keys.contains(&entry.kv.key))
+        .map(|entry| entry.kv.key)
+        .collect();
+    let mut then = BTreeMap::new();
+    let mut live_now = 0;
+    for key in changed {
+        let single = KeyRange::single(&key);
+        if !txn
+            .range(&single, ReadAt::Current, 1, true)
+            .await?
+            .is_empty()
+        {
+            live_now += 1;
+        }
+        let old = txn
+            .range(&single, ReadAt::Revision(revision), 1, false)
+            .await?
+            .pop();
+        then.insert(key, old);
+    }
+    Ok(Some(Overlay { then, live_now }))
+}
+
+/// Keys in `keys` at `at`, ascending, at most `limit` (0 = all).
+async fn range_at<T: ReadTxn>(
+    txn: &mut T,
+    keys: &KeyRange,
+    at: ReadAt,
+    overlay: Option<&Overlay>,
+    limit: usize,
+    keys_only: bool,
+) -> StoreResult<Vec<KeyValue>> {
+    let Some(overlay) = overlay else {
+        return Ok(txn.range(keys, at, limit, keys_only).await?);
+    };
+    // Each changed key can displace at most one live key, so fetching that
+    // many more guarantees `limit` correct keys below the last one fetched.
+    let fetch = if limit == 0 {
+        0
+    } else {
+        limit + overlay.then.len()
+    };
+    let live = txn.range(keys, ReadAt::Current, fetch, keys_only).await?;
+    let cutoff = (fetch != 0 && live.len() == fetch)
+        .then(|| live.last().map(|kv| kv.key.clone()))
+        .flatten();
+    let mut merged: Vec<KeyValue> = live
+        .into_iter()
+        .filter(|kv| !overlay.then.contains_key(&kv.key))
+        .collect();
+    merged.extend(
+        overlay
+            .then
+            .values()
+            .flatten()
+            .filter(|kv| cutoff.as_ref().is_none_or(|cutoff| kv.key <= *cutoff))
+            .cloned(),
+    );
+    merged.sort_by(|a, b| a.key.cmp(&b.key));
+    if limit > 0 {
+        merged.truncate(limit);
+    }
+    Ok(merged)
+}
+
+/// Number of keys in `keys` at `at`.
+async fn count_at<T: ReadTxn>(
+    txn: &mut T,
+    keys: &KeyRange,
+    at: ReadAt,
+    overlay: Option<&Overlay>,
+) -> StoreResult<i64> {
+    let Some(overlay) = overlay else {
+        return Ok(txn.count(keys, at).await?);
+    };
+    let live_then = overlay.then.values().filter(|kv| kv.is_some()).count();
+    let now = txn.count(keys, ReadAt::Current).await?;
+    Ok(now - overlay.live_now as i64 + live_then as i64)
 }
 
 /// Sorts as etcd does: a target other than KEY with order NONE sorts ascending.
