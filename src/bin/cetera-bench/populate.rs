@@ -1,0 +1,104 @@
+//! Populate: writes every key of the key space, `--batch` puts per Txn, with the
+//! `--clients` workers. Scenarios that read call it first under `--populate`.
+
+use cetera::proto::etcdserverpb::{
+    PutRequest, RequestOp, TxnRequest, kv_client::KvClient, request_op::Request as Op,
+};
+use clap::Args;
+use tonic::transport::Channel;
+
+use crate::Common;
+use crate::driver::{self, Load, Outcome, Stats, Worker};
+use crate::keys::Keys;
+use crate::net;
+
+#[derive(Args, Debug, Clone)]
+pub struct PopulateArgs {
+    /// Puts per Txn (etcd's default --max-txn-ops is 128).
+    #[arg(long, default_value_t = 100)]
+    pub batch: u64,
+}
+
+struct Filler {
+    kv: KvClient<Channel>,
+    keys: Keys,
+    batch: u64,
+}
+
+impl Worker for Filler {
+    async fn op(&mut self, op: u64) -> Result<Outcome, tonic::Status> {
+        let first = op * self.batch;
+        let last = (first + self.batch).min(self.keys.space);
+        let success = (first..last)
+            .map(|i| RequestOp {
+                request: Some(Op::RequestPut(PutRequest {
+                    key: self.keys.key(i),
+                    value: self.keys.value(),
+                    ..Default::default()
+                })),
+            })
+            .collect();
+        let txn = TxnRequest {
+            success,
+            ..Default::default()
+        };
+        self.kv.txn(txn).await?;
+        Ok(Outcome::Done)
+    }
+}
+
+/// The `populate` command.
+pub async fn run(
+    common: &Common,
+    args: &PopulateArgs,
+    channels: &[Channel],
+    prefix: &str,
+) -> anyhow::Result<Stats> {
+    let keys = Keys::new(common, prefix.to_string());
+    Ok(fill(common, channels, &keys, args.batch).await)
+}
+
+/// Writes keys 0..space of `keys` (not part of any measurement but its own).
+pub async fn fill(common: &Common, channels: &[Channel], keys: &Keys, batch: u64) -> Stats {
+    let batch = batch.max(1);
+    let batches = keys.space.div_ceil(batch);
+    let workers = (0..common.clients.max(1))
+        .map(|c| Filler {
+            kv: net::kv(net::pick(channels, c)),
+            keys: keys.clone(),
+            batch,
+        })
+        .collect();
+    let load = Load {
+        total: Some(batches),
+        duration: None,
+        rate: None,
+        progress: !common.no_progress,
+    };
+    let (mut stats, _) = driver::run("populate", &load, workers).await;
+    stats.unit = "batch";
+    stats.note("keys", keys.space);
+    stats.note(
+        "keys_per_sec",
+        (keys.space as f64 / stats.elapsed.as_secs_f64()).round(),
+    );
+    stats
+}
+
+/// `--populate`: fills the key space before a scenario, telling the user on stderr.
+pub async fn before(common: &Common, channels: &[Channel], keys: &Keys) -> anyhow::Result<()> {
+    if !common.populate {
+        return Ok(());
+    }
+    let stats = fill(common, channels, keys, 100).await;
+    if stats.errors > 0 {
+        anyhow::bail!("populate failed: {}", stats.first_error.unwrap_or_default());
+    }
+    eprintln!(
+        "populated {} keys under {:?} in {:.1} s",
+        keys.space,
+        keys.prefix,
+        stats.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
