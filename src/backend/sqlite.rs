@@ -79,7 +79,10 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
     conn.set_prepared_statement_cache_capacity(64);
     // Plan once per statement: otherwise SQLite re-prepares a cached statement
     // whenever a bound LIMIT changes, which is nearly every Range.
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(conn)
 }
 
