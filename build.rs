@@ -2,8 +2,6 @@
 //! prost, services via tonic). Uses the pure-Rust `protox` compiler, so no
 //! system `protoc` is needed.
 
-use std::path::PathBuf;
-
 const PROTOS: &[&str] = &[
     "mvccpb/kv.proto",
     "authpb/auth.proto",
@@ -18,14 +16,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_source_info(true).include_imports(true);
     compiler.open_files(PROTOS)?;
-
-    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    // Kept for gRPC server reflection or debugging; include with
-    // `include_bytes!(concat!(env!("OUT_DIR"), "/etcd_descriptor.bin"))`.
-    std::fs::write(
-        out_dir.join("etcd_descriptor.bin"),
-        compiler.encode_file_descriptor_set(),
-    )?;
 
     tonic_prost_build::configure()
         .build_server(true)

@@ -31,7 +31,3 @@ pub mod v3lockpb {
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
 }
-
-/// Encoded `FileDescriptorSet` of all the above, e.g. for gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/etcd_descriptor.bin"));

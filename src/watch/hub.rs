@@ -97,6 +97,15 @@ impl WatchHub {
         self.latest.send_replace(through);
     }
 
+    /// The oldest revision the window answers for: `since(after, ..)` needs
+    /// `after + 1 >= covers_from()`.
+    pub fn covers_from(&self) -> i64 {
+        self.window
+            .read()
+            .expect("watch window poisoned")
+            .covers_from
+    }
+
     /// The revisions after `after` (at most `max`), if the window still
     /// reaches back that far; None means the caller must read the log.
     pub fn since(&self, after: i64, max: usize) -> Option<Vec<Arc<RevisionEvents>>> {

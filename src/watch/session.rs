@@ -219,13 +219,10 @@ impl<B: Backend> WatchSession<B> {
     /// returns that revision.
     async fn deliver(&mut self) -> Result<i64, Closed> {
         let latest = *self.latest.borrow_and_update();
-        let hub = self.store.hub();
+        let covers_from = self.store.hub().covers_from();
         // A watcher the window no longer covers falls back to catching up.
         for watcher in self.watchers.values_mut() {
-            if watcher.next <= latest
-                && !watcher.catching_up
-                && hub.since(watcher.next - 1, 0).is_none()
-            {
+            if watcher.next <= latest && !watcher.catching_up && watcher.next < covers_from {
                 watcher.catching_up = true;
             }
         }
