@@ -72,6 +72,34 @@ pub struct Config {
     #[arg(long, env = "CETERA_POLL_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub poll_interval: std::time::Duration,
 
+    /// Database size, in bytes, at which writes are refused and the NOSPACE
+    /// alarm is raised, as etcd's flag: 0 means etcd's default of 2 GiB, a
+    /// negative number turns the quota off. On PostgreSQL it counts cetera's
+    /// tables, elsewhere the whole database.
+    #[arg(
+        long,
+        env = "CETERA_QUOTA_BACKEND_BYTES",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub quota_backend_bytes: i64,
+
+    /// How --auto-compaction-retention is read: `periodic` (a duration) or
+    /// `revision` (a number of revisions), as in etcd.
+    #[arg(long, env = "CETERA_AUTO_COMPACTION_MODE", value_enum, default_value_t = AutoCompactionMode::Periodic)]
+    pub auto_compaction_mode: AutoCompactionMode,
+
+    /// History kept by automatic compaction, as etcd reads it: periodic mode
+    /// takes a duration (`30m`, `1h`) or a bare number of hours, revision mode
+    /// a number of revisions. 0 turns automatic compaction off.
+    #[arg(long, env = "CETERA_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
+
+    /// How often revision-mode automatic compaction checks the revision
+    /// (fixed at 5 minutes in etcd).
+    #[arg(long, env = "CETERA_AUTO_COMPACTION_REVISION_INTERVAL", default_value = "5m", value_parser = parse_interval)]
+    pub auto_compaction_revision_interval: std::time::Duration,
+
     /// Log line format.
     #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -84,6 +112,15 @@ fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
         return Err("must be at least 100ms".to_string());
     }
     Ok(interval)
+}
+
+/// How `--auto-compaction-retention` is read.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoCompactionMode {
+    /// A duration of history to keep.
+    Periodic,
+    /// A number of revisions to keep.
+    Revision,
 }
 
 /// How log lines are written.
@@ -147,6 +184,20 @@ impl Datastore {
 }
 
 impl Config {
+    /// The automatic compaction the flags ask for, if any.
+    pub fn auto_compaction(&self) -> anyhow::Result<Option<crate::store::AutoCompaction>> {
+        let mode = match self.auto_compaction_mode {
+            AutoCompactionMode::Periodic => "periodic",
+            AutoCompactionMode::Revision => "revision",
+        };
+        crate::store::auto_compaction::parse_retention(
+            mode,
+            &self.auto_compaction_retention,
+            self.auto_compaction_revision_interval,
+        )
+        .map_err(|e| anyhow::anyhow!("--auto-compaction-retention: {e}"))
+    }
+
     /// The TLS files for the database connection.
     pub fn datastore_tls(&self) -> DatastoreTls {
         DatastoreTls {

@@ -9,15 +9,17 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::{RAFT_TERM, ServerInfo};
-use crate::backend::Backend;
+use crate::backend::{AlarmRow, Backend};
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
 use crate::proto::etcdserverpb::maintenance_server::Maintenance;
 use crate::proto::etcdserverpb::{
-    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, DowngradeRequest,
-    DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
-    MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest, DefragmentResponse,
+    DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse,
+    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
+    StatusResponse,
 };
 use crate::store::Store;
+use crate::store::alarm::{self, AlarmChange};
 
 /// The Maintenance service on a store.
 pub struct MaintenanceService<B: Backend> {
@@ -32,6 +34,14 @@ impl<B: Backend> MaintenanceService<B> {
     }
 }
 
+/// An alarm as the wire carries it.
+fn alarm_member(row: AlarmRow) -> AlarmMember {
+    AlarmMember {
+        member_id: row.member_id as u64,
+        alarm: row.alarm,
+    }
+}
+
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -40,21 +50,45 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
-        // No alarm is ever raised yet, so listing and disarming both find none.
-        match AlarmAction::try_from(request.into_inner().action) {
-            Ok(AlarmAction::Get | AlarmAction::Deactivate) => Ok(Response::new(AlarmResponse {
-                header: self.info.header(self.store.revisions().current),
-                alarms: Vec::new(),
-            })),
-            _ => Err(Status::unimplemented(
-                "cetera: raising alarms is not implemented",
-            )),
-        }
+        let request = request.into_inner();
+        let alarms = match AlarmAction::try_from(request.action) {
+            Ok(AlarmAction::Get) => self.store.alarms(request.alarm).await?,
+            Ok(AlarmAction::Activate) => {
+                self.store
+                    .change_alarm(AlarmChange::Activate, request.member_id, request.alarm)
+                    .await?
+            }
+            Ok(AlarmAction::Deactivate) => {
+                self.store
+                    .change_alarm(AlarmChange::Deactivate, request.member_id, request.alarm)
+                    .await?
+            }
+            // etcd's applier answers an unknown action with nothing.
+            Err(_) => Vec::new(),
+        };
+        Ok(Response::new(AlarmResponse {
+            header: self.info.header(self.store.revisions().current),
+            alarms: alarms.into_iter().map(alarm_member).collect(),
+        }))
     }
 
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let size = self.store.size().await?;
         let revision = self.store.revisions().current;
+        // etcd lists each raised alarm in the protobuf text form of its AlarmMember.
+        let errors = self
+            .store
+            .alarms(AlarmType::None as i32)
+            .await?
+            .into_iter()
+            .map(|row| {
+                format!(
+                    "memberID:{} alarm:{} ",
+                    row.member_id as u64,
+                    alarm::alarm_name(row.alarm)
+                )
+            })
+            .collect();
         Ok(Response::new(StatusResponse {
             header: self.info.header(revision),
             version: self.info.version.clone(),
@@ -64,7 +98,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             raft_index: revision as u64,
             raft_term: RAFT_TERM,
             raft_applied_index: revision as u64,
-            errors: Vec::new(),
+            errors,
             db_size_in_use: size.in_use,
             is_learner: false,
         }))

@@ -120,6 +120,15 @@ impl From<StoreError> for Status {
                 Code::InvalidArgument,
                 format!("cetera: key is longer than the {limit} bytes this datastore can store"),
             ),
+            StoreError::NoSpace => Status::new(
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            StoreError::Corrupt => Status::new(Code::DataLoss, "etcdserver: corrupt cluster"),
+            StoreError::UnknownAlarm(alarm) => Status::new(
+                Code::InvalidArgument,
+                format!("cetera: unknown alarm type {alarm}"),
+            ),
             StoreError::Stopped => Status::new(Code::Unavailable, "etcdserver: server stopped"),
             StoreError::Backend(error) => {
                 tracing::error!("database error: {error:#}");

@@ -96,6 +96,15 @@ pub struct LeaseRow {
     pub expires_at: i64,
 }
 
+/// A raised alarm as stored (etcd's AlarmMember).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AlarmRow {
+    /// The member that raised it, as a signed 64-bit number.
+    pub member_id: i64,
+    /// etcdserverpb.AlarmType number.
+    pub alarm: i32,
+}
+
 /// A consistent, read-only view of the database.
 pub trait ReadTxn: Send {
     /// The counters as of this view.
@@ -143,6 +152,9 @@ pub trait ReadTxn: Send {
 
     /// The live keys attached to lease `id`, ascending by key.
     fn lease_keys(&mut self, id: i64) -> impl Future<Output = BackendResult<Vec<KeyValue>>> + Send;
+
+    /// Every raised alarm, by member id and then alarm type.
+    fn alarms(&mut self) -> impl Future<Output = BackendResult<Vec<AlarmRow>>> + Send;
 }
 
 /// A write transaction: nothing is visible to readers until `commit`.
@@ -178,6 +190,12 @@ pub trait WriteTxn: ReadTxn {
     /// Forgets lease `id`.
     fn remove_lease(&mut self, id: i64) -> impl Future<Output = BackendResult<()>> + Send;
 
+    /// Records a raised alarm (nothing happens if it is already there).
+    fn add_alarm(&mut self, alarm: &AlarmRow) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Forgets a raised alarm.
+    fn remove_alarm(&mut self, alarm: &AlarmRow) -> impl Future<Output = BackendResult<()>> + Send;
+
     /// Makes every change durable and visible.
     fn commit(self) -> impl Future<Output = BackendResult<()>> + Send;
 }
@@ -197,6 +215,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Size of the database in bytes, and the part of it in use.
     fn size(&self) -> impl Future<Output = BackendResult<DatabaseSize>> + Send;
+
+    /// The bytes that count against --quota-backend-bytes: what the
+    /// database takes on disk, free pages included, as etcd counts its file.
+    fn quota_bytes(&self, size: &DatabaseSize) -> i64 {
+        size.total
+    }
 
     /// Longest key the schema can store and index, in bytes.
     fn max_key_bytes(&self) -> usize {

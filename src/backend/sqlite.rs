@@ -13,8 +13,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, ToSql, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::{
-    Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
-    WriteTxn,
+    AlarmRow, Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn,
+    Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -327,6 +327,17 @@ fn query_expired_leases(
         .collect()
 }
 
+fn query_alarms(conn: &Connection) -> rusqlite::Result<Vec<AlarmRow>> {
+    conn.prepare_cached("SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm")?
+        .query_map([], |r| {
+            Ok(AlarmRow {
+                member_id: r.get(0)?,
+                alarm: r.get(1)?,
+            })
+        })?
+        .collect()
+}
+
 /// `lease != 0` lets SQLite use the partial index on kv(lease, key).
 fn query_lease_keys(conn: &Connection, id: i64) -> rusqlite::Result<Vec<KeyValue>> {
     conn.prepare_cached(
@@ -404,6 +415,11 @@ macro_rules! impl_read_txn {
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
                 let $conn = self;
                 Ok(query_lease_keys($get, id)?)
+            }
+
+            async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
+                let $conn = self;
+                Ok(query_alarms($get)?)
             }
         }
     };
@@ -501,6 +517,20 @@ impl WriteTxn for SqliteWrite {
         self.conn
             .prepare_cached("DELETE FROM lease WHERE id = ?1")?
             .execute([id])?;
+        Ok(())
+    }
+
+    async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("INSERT OR IGNORE INTO alarm (member_id, alarm) VALUES (?1, ?2)")?
+            .execute(params![alarm.member_id, alarm.alarm])?;
+        Ok(())
+    }
+
+    async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM alarm WHERE member_id = ?1 AND alarm = ?2")?
+            .execute(params![alarm.member_id, alarm.alarm])?;
         Ok(())
     }
 

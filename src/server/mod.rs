@@ -25,7 +25,7 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
-use crate::store::Store;
+use crate::store::{Store, StoreOptions};
 use crate::watch::session::SessionOptions;
 
 /// Accepted client connections, ready for the HTTP/2 server.
@@ -102,7 +102,11 @@ async fn serve<B: Backend>(
     backend: B,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let store = Arc::new(Store::open(backend).await?);
+    let options = StoreOptions {
+        quota_backend_bytes: config.quota_backend_bytes,
+        auto_compaction: config.auto_compaction()?,
+    };
+    let store = Arc::new(Store::open_with(backend, options).await?);
     let info = Arc::new(ServerInfo {
         identity: store.identity(),
         max_request_bytes: config.max_request_bytes,

@@ -27,6 +27,15 @@ pub enum StoreError {
     /// A key longer than the datastore can index.
     #[error("key is longer than the {0} bytes this datastore can store")]
     KeyTooLong(usize),
+    /// The write would take the database past its quota, or the NOSPACE alarm is raised.
+    #[error("mvcc: database space exceeded")]
+    NoSpace,
+    /// The CORRUPT alarm is raised.
+    #[error("corrupt cluster")]
+    Corrupt,
+    /// Alarm ACTIVATE of an alarm type etcd does not know.
+    #[error("unknown alarm type {0}")]
+    UnknownAlarm(i32),
     /// The server is shutting down or its writer stopped.
     #[error("server stopped")]
     Stopped,

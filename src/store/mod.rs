@@ -6,7 +6,9 @@
 //! Physical compaction runs in the background in short steps through the same
 //! writer, so it never holds other writes up for long.
 
+pub mod alarm;
 mod apply;
+pub mod auto_compaction;
 pub mod error;
 mod history;
 mod publisher;
@@ -18,10 +20,12 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use self::alarm::{AlarmChange, Quota};
+pub use self::auto_compaction::AutoCompaction;
 pub use self::error::{StoreError, StoreResult};
 use self::publisher::Publisher;
 use self::writer::{Queued, WriteRequest, WriteResponse};
-use crate::backend::{Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AlarmRow, Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
@@ -43,6 +47,15 @@ pub struct Identity {
     pub member_id: u64,
 }
 
+/// Settings of a store beyond its database.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreOptions {
+    /// etcd's --quota-backend-bytes: 0 for the 2 GiB default, negative for none.
+    pub quota_backend_bytes: i64,
+    /// Automatic compaction, if on.
+    pub auto_compaction: Option<AutoCompaction>,
+}
+
 /// An etcd key-value store on a database.
 pub struct Store<B: Backend> {
     backend: Arc<B>,
@@ -50,14 +63,20 @@ pub struct Store<B: Backend> {
     revisions: watch::Receiver<Revisions>,
     publisher: Arc<Publisher<B>>,
     identity: Identity,
+    quota: Quota,
     writer: JoinHandle<()>,
     /// Compactor, lease expirer, poller: stopped at shutdown.
     background: Vec<JoinHandle<()>>,
 }
 
 impl<B: Backend> Store<B> {
-    /// Opens the store on `backend` and starts its writer and compactor.
+    /// Opens the store on `backend` with default options.
     pub async fn open(backend: B) -> anyhow::Result<Self> {
+        Self::open_with(backend, StoreOptions::default()).await
+    }
+
+    /// Opens the store on `backend` and starts its writer and compactors.
+    pub async fn open_with(backend: B, options: StoreOptions) -> anyhow::Result<Self> {
         let backend = Arc::new(backend);
         let identity = load_identity(&*backend).await?;
         let initial = backend.read().await?.revisions().await?;
@@ -76,18 +95,29 @@ impl<B: Backend> Store<B> {
             revisions.clone(),
         ));
         let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), queue.downgrade()));
+        let mut background = vec![compactor, lease_expirer];
+        if let Some(mode) = options.auto_compaction {
+            background.push(tokio::spawn(auto_compaction::run(
+                mode,
+                backend.clone(),
+                queue.downgrade(),
+                revisions.clone(),
+            )));
+        }
         let poller = tokio::spawn(poll_other_instances(
             backend.clone(),
             Arc::downgrade(&publisher),
         ));
+        background.push(poller);
         Ok(Store {
             backend,
             queue,
             revisions,
             publisher,
             identity,
+            quota: Quota::new(options.quota_backend_bytes),
             writer,
-            background: vec![compactor, lease_expirer, poller],
+            background,
         })
     }
 
@@ -139,6 +169,7 @@ impl<B: Backend> Store<B> {
     /// etcd Put.
     pub async fn put(&self, req: PutRequest) -> StoreResult<PutResponse> {
         self.check_key(&req.key)?;
+        self.check_quota(alarm::put_cost(&req)).await?;
         match self.write(WriteRequest::Put(req)).await? {
             WriteResponse::Put(resp) => Ok(resp),
             _ => unreachable!("writer answers a Put with a Put"),
@@ -156,6 +187,7 @@ impl<B: Backend> Store<B> {
     /// etcd Txn.
     pub async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
         self.check_txn_keys(&req)?;
+        self.check_quota(alarm::txn_cost(&req)).await?;
         match self.write(WriteRequest::Txn(req)).await? {
             WriteResponse::Txn(resp) => Ok(resp),
             _ => unreachable!("writer answers a Txn with a Txn"),
@@ -180,6 +212,7 @@ impl<B: Backend> Store<B> {
 
     /// etcd LeaseGrant.
     pub async fn lease_grant(&self, req: LeaseGrantRequest) -> StoreResult<LeaseGrantResponse> {
+        self.check_quota(alarm::LEASE_OVERHEAD).await?;
         match self.write(WriteRequest::LeaseGrant(req)).await? {
             WriteResponse::LeaseGrant(resp) => Ok(resp),
             _ => unreachable!("writer answers a LeaseGrant with a LeaseGrant"),
@@ -245,6 +278,55 @@ impl<B: Backend> Store<B> {
                 .map(|l| LeaseStatus { id: l.id })
                 .collect(),
         })
+    }
+
+    /// The raised alarms of type `alarm` (every one for NONE), as etcd's
+    /// Alarm GET lists them.
+    pub async fn alarms(&self, alarm: i32) -> StoreResult<Vec<AlarmRow>> {
+        let raised = self.backend.read().await?.alarms().await?;
+        Ok(alarm::matching(raised, alarm))
+    }
+
+    /// etcd Alarm ACTIVATE / DEACTIVATE: the alarm concerned, if any.
+    pub async fn change_alarm(
+        &self,
+        change: AlarmChange,
+        member_id: u64,
+        alarm: i32,
+    ) -> StoreResult<Vec<AlarmRow>> {
+        let request = WriteRequest::Alarm {
+            change,
+            member_id,
+            alarm,
+        };
+        let changed = match self.write(request).await? {
+            WriteResponse::Alarm(changed) => changed,
+            _ => unreachable!("writer answers an Alarm with an Alarm"),
+        };
+        if change == AlarmChange::Deactivate {
+            // The next write measures the database again, as etcd re-checks.
+            self.quota.forget_size().await;
+        }
+        Ok(changed)
+    }
+
+    /// etcd's quota check in front of Put, Txn and LeaseGrant: a write that
+    /// would take the database to the quota raises the NOSPACE alarm and is
+    /// refused.
+    async fn check_quota(&self, cost: i64) -> StoreResult<()> {
+        if self.quota.available(&*self.backend, cost).await? {
+            return Ok(());
+        }
+        let raise = WriteRequest::Alarm {
+            change: AlarmChange::Activate,
+            member_id: self.identity.member_id,
+            alarm: crate::proto::etcdserverpb::AlarmType::Nospace as i32,
+        };
+        // As in etcd, the request is refused whether or not raising worked.
+        if let Err(error) = self.write(raise).await {
+            tracing::warn!("cannot raise the NOSPACE alarm: {error}");
+        }
+        Err(StoreError::NoSpace)
     }
 
     /// Refuses a key the backend cannot store before it reaches the writer,
@@ -369,6 +451,8 @@ async fn lease_expirer<B: Backend>(backend: Arc<B>, queue: mpsc::WeakSender<Queu
             match write_through(&queue, WriteRequest::LeaseExpire(id)).await {
                 Ok(_) => tracing::debug!(lease = id, "lease expired"),
                 Err(StoreError::Stopped) => return,
+                // Under the CORRUPT alarm leases do not expire, as in etcd.
+                Err(StoreError::Corrupt) => break,
                 Err(error) => tracing::warn!(lease = id, "cannot expire lease: {error}"),
             }
         }

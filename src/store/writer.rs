@@ -5,11 +5,12 @@
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::alarm::{self, AlarmChange};
 use super::apply::Applier;
 use super::error::{StoreError, StoreResult};
 use super::publisher::Publisher;
 use super::range::check_revision;
-use crate::backend::{Backend, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AlarmRow, Backend, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseRevokeResponse, PutRequest, PutResponse,
@@ -42,6 +43,15 @@ pub enum WriteRequest {
     Compact(i64),
     /// Remove the next stretch of history below the compact revision.
     CompactStep,
+    /// etcd Alarm ACTIVATE or DEACTIVATE.
+    Alarm {
+        /// Raise or disarm.
+        change: AlarmChange,
+        /// The member the alarm is for.
+        member_id: u64,
+        /// etcdserverpb.AlarmType number.
+        alarm: i32,
+    },
 }
 
 /// The writer's answer to a `WriteRequest`.
@@ -64,6 +74,8 @@ pub enum WriteResponse {
     Compact(CompactionResponse),
     /// Answer to CompactStep.
     CompactStep,
+    /// Answer to Alarm: the alarm concerned, if any.
+    Alarm(Vec<AlarmRow>),
 }
 
 /// A queued request and where its answer goes.
@@ -117,7 +129,22 @@ async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result
     let mut revs = start;
     let mut answers = Vec::with_capacity(batch.len());
     let mut committed = Vec::new();
+    // The raised alarms, read once per batch when a request needs them.
+    let mut alarms: Option<Vec<AlarmRow>> = None;
     for queued in batch.iter() {
+        if alarm::may_be_refused(&queued.request) {
+            let raised = match &alarms {
+                Some(raised) => raised,
+                None => alarms.insert(txn.alarms().await?),
+            };
+            if let Some(refusal) = alarm::refusal(raised, &queued.request) {
+                answers.push(Err(refusal));
+                continue;
+            }
+        }
+        if let WriteRequest::Alarm { .. } = queued.request {
+            alarms = None;
+        }
         let answer = apply(&mut txn, &mut revs, &queued.request, &mut committed).await;
         if let Err(StoreError::Backend(error)) = answer {
             return Err(error);
@@ -165,6 +192,14 @@ async fn apply<T: WriteTxn>(
             }));
         }
         WriteRequest::CompactStep => return compact_step(txn, revs).await,
+        WriteRequest::Alarm {
+            change,
+            member_id,
+            alarm,
+        } => {
+            let changed = alarm::change(txn, *change, *member_id, *alarm).await?;
+            return Ok(WriteResponse::Alarm(changed));
+        }
     };
     revs.current = applier.revision();
     if !applier.events.is_empty() {

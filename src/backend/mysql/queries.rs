@@ -7,7 +7,7 @@ use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Params, Row, Value, from_row_opt};
 
 use super::db_error;
-use crate::backend::{BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
+use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
 /// Runs a prepared statement and decodes every row.
@@ -206,6 +206,19 @@ pub(super) async fn query_leases(conn: &mut Conn) -> BackendResult<Vec<LeaseRow>
     )
     .await?;
     Ok(rows.into_iter().map(lease_from_row).collect())
+}
+
+pub(super) async fn query_alarms(conn: &mut Conn) -> BackendResult<Vec<AlarmRow>> {
+    let rows: Vec<(i64, i32)> = select(
+        conn,
+        "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm",
+        (),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(member_id, alarm)| AlarmRow { member_id, alarm })
+        .collect())
 }
 
 pub(super) async fn query_expired_leases(

@@ -7,12 +7,12 @@ use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
 use super::queries::{
-    execute, query_count, query_expired_leases, query_lease, query_lease_keys, query_leases,
-    query_log, query_range, query_revisions, query_setting,
+    execute, query_alarms, query_count, query_expired_leases, query_lease, query_lease_keys,
+    query_leases, query_log, query_range, query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
 use crate::backend::{
-    BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -131,6 +131,10 @@ macro_rules! impl_read_txn {
 
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
                 query_lease_keys(self.session.conn(), id).await
+            }
+
+            async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
+                query_alarms(self.session.conn()).await
             }
         }
     };
@@ -270,6 +274,24 @@ impl WriteTxn for MysqlWrite {
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
         execute(self.session.conn(), "DELETE FROM lease WHERE id = ?", (id,)).await
+    }
+
+    async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        execute(
+            self.session.conn(),
+            "INSERT IGNORE INTO alarm (member_id, alarm) VALUES (?, ?)",
+            (alarm.member_id, alarm.alarm),
+        )
+        .await
+    }
+
+    async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        execute(
+            self.session.conn(),
+            "DELETE FROM alarm WHERE member_id = ? AND alarm = ?",
+            (alarm.member_id, alarm.alarm),
+        )
+        .await
     }
 
     async fn commit(mut self) -> BackendResult<()> {

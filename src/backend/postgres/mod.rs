@@ -169,7 +169,7 @@ impl Backend for Postgres {
                  (SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::BIGINT \
                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                   WHERE n.nspname = current_schema() AND c.relkind = 'r' \
-                  AND c.relname IN ('log', 'kv', 'meta', 'settings', 'lease'))",
+                  AND c.relname IN ('log', 'kv', 'meta', 'settings', 'lease', 'alarm'))",
             )
             .await
             .map_err(|e| db_error(&e))?;
@@ -183,6 +183,12 @@ impl Backend for Postgres {
             // catalog; Postgres reports no free space short of pgstattuple.
             in_use: row.try_get(1)?,
         })
+    }
+
+    /// Only cetera's own tables count: `total` is the whole database,
+    /// system catalogs included, which a small quota would not even fit.
+    fn quota_bytes(&self, size: &DatabaseSize) -> i64 {
+        size.in_use
     }
 
     async fn changed(&self) {

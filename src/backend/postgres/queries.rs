@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::txn::TxnConn;
-use crate::backend::{BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
+use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
 const READ_META: &str =
@@ -236,6 +236,23 @@ impl TxnConn {
             )
             .await?;
         rows.first().map(lease_from_row).transpose()
+    }
+
+    pub(super) async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
+        let rows = self
+            .query(
+                "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(AlarmRow {
+                    member_id: row.try_get(0)?,
+                    alarm: row.try_get(1)?,
+                })
+            })
+            .collect()
     }
 
     pub(super) async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {

@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 
 use super::db_error;
 use crate::backend::{
-    BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -163,6 +163,10 @@ macro_rules! forward_reads {
         async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
             self.conn.lease_keys(id).await
         }
+
+        async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
+            self.conn.alarms().await
+        }
     };
 }
 
@@ -286,6 +290,26 @@ impl WriteTxn for PostgresWrite {
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
         self.conn
             .query("DELETE FROM lease WHERE id = $1", &[&id])
+            .await?;
+        Ok(())
+    }
+
+    async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        self.conn
+            .query(
+                "INSERT INTO alarm (member_id, alarm) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&alarm.member_id, &alarm.alarm],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        self.conn
+            .query(
+                "DELETE FROM alarm WHERE member_id = $1 AND alarm = $2",
+                &[&alarm.member_id, &alarm.alarm],
+            )
             .await?;
         Ok(())
     }
