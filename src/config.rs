@@ -258,6 +258,45 @@ mod tests {
     }
 
     #[test]
+    fn quota_and_auto_compaction_flags() {
+        use crate::store::AutoCompaction;
+        use std::time::Duration;
+        let config = Config::parse_from(["cetera"]);
+        assert_eq!(config.quota_backend_bytes, 0);
+        assert_eq!(config.auto_compaction().unwrap(), None);
+        let config = Config::parse_from(["cetera", "--quota-backend-bytes", "-1"]);
+        assert_eq!(config.quota_backend_bytes, -1);
+        let config = Config::parse_from(["cetera", "--auto-compaction-retention", "1"]);
+        assert_eq!(
+            config.auto_compaction().unwrap(),
+            Some(AutoCompaction::Periodic(Duration::from_secs(3600)))
+        );
+        let config = Config::parse_from([
+            "cetera",
+            "--auto-compaction-mode",
+            "revision",
+            "--auto-compaction-retention",
+            "1000",
+            "--auto-compaction-revision-interval",
+            "1s",
+        ]);
+        assert_eq!(
+            config.auto_compaction().unwrap(),
+            Some(AutoCompaction::Revision {
+                retention: 1000,
+                interval: Duration::from_secs(1)
+            })
+        );
+        let config = Config::parse_from(["cetera", "--auto-compaction-retention", "5x"]);
+        let error = config.auto_compaction().unwrap_err().to_string();
+        assert!(
+            error.contains("error parsing CompactionRetention"),
+            "{error}"
+        );
+        assert!(Config::try_parse_from(["cetera", "--auto-compaction-mode", "hourly"]).is_err());
+    }
+
+    #[test]
     fn datastore_endpoint_alias() {
         let config = Config::parse_from(["cetera", "--datastore-endpoint", "/x.db"]);
         assert_eq!(config.endpoint, "/x.db");

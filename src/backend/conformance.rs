@@ -318,6 +318,67 @@ pub async fn expired_leases_delete_their_keys<B: Backend>(t: TestStore<B>) {
     assert!(t.store.leases().await.unwrap().leases.is_empty());
 }
 
+/// Conformance test `alarms_are_stored_and_refuse_writes`.
+pub async fn alarms_are_stored_and_refuse_writes<B: Backend>(t: TestStore<B>) {
+    use crate::backend::AlarmRow;
+    use crate::proto::etcdserverpb::AlarmType;
+    use crate::store::alarm::AlarmChange;
+    let nospace = AlarmType::Nospace as i32;
+    let corrupt = AlarmType::Corrupt as i32;
+    // Member ids are unsigned in etcd; the largest must survive a signed column.
+    let big = u64::MAX - 1;
+    let row = |member: u64, alarm| AlarmRow {
+        member_id: member as i64,
+        alarm,
+    };
+    assert!(t.store.alarms(0).await.unwrap().is_empty());
+    for _ in 0..2 {
+        let raised = t
+            .store
+            .change_alarm(AlarmChange::Activate, big, nospace)
+            .await;
+        assert_eq!(raised.unwrap(), vec![row(big, nospace)]);
+    }
+    t.store
+        .change_alarm(AlarmChange::Activate, 7, corrupt)
+        .await
+        .unwrap();
+    assert_eq!(
+        t.store.alarms(0).await.unwrap(),
+        vec![row(big, nospace), row(7, corrupt)]
+    );
+    assert_eq!(
+        t.store.alarms(nospace).await.unwrap(),
+        vec![row(big, nospace)]
+    );
+    assert!(matches!(
+        t.store.put(put_req("a", "1")).await,
+        Err(StoreError::Corrupt)
+    ));
+    let gone = t
+        .store
+        .change_alarm(AlarmChange::Deactivate, 7, corrupt)
+        .await;
+    assert_eq!(gone.unwrap(), vec![row(7, corrupt)]);
+    assert!(matches!(
+        t.store.put(put_req("a", "1")).await,
+        Err(StoreError::NoSpace)
+    ));
+    t.store
+        .delete_range(DeleteRangeRequest {
+            key: b"a".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    t.store
+        .change_alarm(AlarmChange::Deactivate, big, nospace)
+        .await
+        .unwrap();
+    assert!(t.store.alarms(0).await.unwrap().is_empty());
+    t.store.put(put_req("a", "1")).await.unwrap();
+}
+
 /// Conformance test `history_from_the_log_matches_what_watchers_saw`.
 pub async fn history_from_the_log_matches_what_watchers_saw<B: Backend>(t: TestStore<B>) {
     t.store.put(put_req("a", "1")).await.unwrap();
@@ -411,6 +472,10 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn expired_leases_delete_their_keys() {
             $crate::backend::conformance::expired_leases_delete_their_keys($open().await).await
+        }
+        #[tokio::test]
+        async fn alarms_are_stored_and_refuse_writes() {
+            $crate::backend::conformance::alarms_are_stored_and_refuse_writes($open().await).await
         }
         #[tokio::test]
         async fn history_from_the_log_matches_what_watchers_saw() {
