@@ -179,8 +179,10 @@ async fn periodic<B: Backend>(
     revisions: watch::Receiver<Revisions>,
 ) {
     let compact_interval = period.min(Duration::from_secs(3600));
-    let retry_interval = compact_interval / 10;
-    let kept = (period.as_nanos() / retry_interval.as_nanos().max(1)) as usize + 1;
+    // etcd samples every tenth of the interval; a floor keeps a retention of
+    // a few nanoseconds from spinning.
+    let retry_interval = (compact_interval / 10).max(Duration::from_millis(1));
+    let kept = (period.as_nanos() / retry_interval.as_nanos()).min(1 << 20) as usize + 1;
     let mut samples = VecDeque::with_capacity(kept + 1);
     let mut last_success = Instant::now();
     let mut wait = period;
