@@ -36,6 +36,22 @@ const KEYS: usize = 20;
 /// Writes after which a store that has not refused is a failure.
 const MAX_FILL: usize = 5000;
 
+/// `BIG` bytes that do not compress (PostgreSQL compresses large values, and a
+/// compressible value would take many more writes to fill the quota), different for
+/// each `seed`.
+fn noise(seed: usize) -> Vec<u8> {
+    let mut state = (seed as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..BIG)
+        .map(|_| {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
 fn maintenance(s: &Side) -> MaintenanceClient<Channel> {
     MaintenanceClient::new(s.channel.clone())
 }
@@ -492,12 +508,11 @@ async fn defragment_and_disarm_reenable_writes() {
     let channel = common::channel(&server.endpoint()).await;
     let mut kv = KvClient::new(channel.clone());
     let mut maintenance = MaintenanceClient::new(channel);
-    let value = "x".repeat(BIG);
     let mut refused = false;
     for i in 0..MAX_FILL {
         let put = PutRequest {
             key: format!("big/{:02}", i % KEYS).into(),
-            value: value.clone().into(),
+            value: noise(i),
             ..Default::default()
         };
         if kv.put(put).await.is_err() {
@@ -549,7 +564,7 @@ async fn defragment_and_disarm_reenable_writes() {
         .unwrap();
     kv.put(PutRequest {
         key: b"big/00".to_vec(),
-        value: value.into(),
+        value: noise(0),
         ..Default::default()
     })
     .await
