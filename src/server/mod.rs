@@ -77,6 +77,8 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// Opens the datastore named by `config` and serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+    // Refuse a bad retention before connecting to the database.
+    config.auto_compaction()?;
     match Datastore::parse(&config.endpoint)? {
         Datastore::Sqlite(path) => {
             let backend = Sqlite::open(&path)?;
