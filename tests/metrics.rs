@@ -395,3 +395,26 @@ async fn not_ready_while_the_datastore_is_unreachable() {
         0.0
     );
 }
+
+/// `--log-format json` writes one JSON object per line, with etcd-like
+/// fields a log shipper can index: timestamp, level, message.
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let cetera = Cetera::start_with(&["--log-format", "json"]).await;
+    let log = cetera.log();
+    let lines: Vec<&str> = log.lines().filter(|line| !line.is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for line in &lines {
+        let object: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(object["timestamp"].is_string(), "{line}");
+        assert!(object["level"].is_string(), "{line}");
+        assert!(object["fields"]["message"].is_string(), "{line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains(r#""message":"serving the etcd API""#)),
+        "{log}"
+    );
+}
