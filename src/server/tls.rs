@@ -138,3 +138,99 @@ pub fn connections(
     });
     ReceiverStream::new(incoming)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_stream::StreamExt;
+    use tonic::transport::server::Connected;
+
+    use super::*;
+
+    /// The bytes an HTTP/2 client opens with.
+    const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    /// A certificate (PEM) for localhost signed by `issuer`, with its key.
+    fn issue(issuer: &Issuer<'_, KeyPair>, usage: ExtendedKeyUsagePurpose) -> (String, KeyPair) {
+        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        (params.signed_by(&key, issuer).unwrap().pem(), key)
+    }
+
+    /// A client certificate survives to the connection info that tonic
+    /// hands to every request, and the bytes pass through decrypted.
+    #[tokio::test]
+    async fn client_certificate_reaches_the_connection_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let (server_pem, server_key) = issue(&issuer, ExtendedKeyUsagePurpose::ServerAuth);
+        let (client_pem, client_key) = issue(&issuer, ExtendedKeyUsagePurpose::ClientAuth);
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let config = Config::parse_from([
+            "cetera".to_string(),
+            "--cert-file".to_string(),
+            file("server.pem", &server_pem),
+            "--key-file".to_string(),
+            file("server-key.pem", &server_key.serialize_pem()),
+            "--trusted-ca-file".to_string(),
+            file("ca.pem", &ca_pem),
+            "--client-cert-auth".to_string(),
+        ]);
+        let tls = server_config(&config).unwrap().expect("TLS is on");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut incoming = connections(listener, tls);
+
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let client_config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(client_pem.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(client_key.serialize_pem().as_bytes()).unwrap(),
+        )
+        .unwrap();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config));
+        let client = tokio::spawn(async move {
+            let socket = TcpStream::connect(address).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let mut stream = connector.connect(name, socket).await.unwrap();
+            stream.write_all(PREFACE).await.unwrap();
+            stream.flush().await.unwrap();
+            stream
+        });
+
+        let mut accepted = incoming.next().await.unwrap().unwrap();
+        let info = accepted.connect_info();
+        let certs = info.peer_certs().expect("the client's certificate chain");
+        assert_eq!(
+            certs[0].as_ref(),
+            CertificateDer::from_pem_slice(client_pem.as_bytes())
+                .unwrap()
+                .as_ref()
+        );
+        assert_eq!(info.get_ref().local_addr(), Some(address));
+        // The HTTP/2 server reads the decrypted bytes, through the repair.
+        let mut received = [0u8; PREFACE.len()];
+        accepted.read_exact(&mut received).await.unwrap();
+        assert_eq!(&received, PREFACE);
+        drop(client.await.unwrap());
+    }
+}
