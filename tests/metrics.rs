@@ -310,6 +310,17 @@ async fn counters_and_gauges_follow_requests() {
             - no_leases.handled("LeaseRevoke", "NotFound"),
         1.0
     );
+
+    // An expired lease counts as revoked too, as in etcd.
+    lease
+        .lease_grant(LeaseGrantRequest { ttl: 1, id: 0 })
+        .await
+        .unwrap();
+    let expired = scrape_until(&address, "the short lease expire", |s| {
+        leases(s) == 1.0 && revoked(s) - revoked(&no_leases) == 2.0
+    })
+    .await;
+    assert_eq!(granted(&expired) - granted(&no_leases), 3.0);
 }
 
 #[tokio::test]
