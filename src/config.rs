@@ -103,6 +103,36 @@ pub struct Config {
     /// Log line format.
     #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+
+    /// Certificate (PEM) for TLS on the gRPC port; with --key-file, clients
+    /// must use TLS (etcd's name; kine's --server-cert-file is accepted too).
+    #[arg(long, visible_alias = "server-cert-file", env = "CETERA_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) of --cert-file.
+    #[arg(long, visible_alias = "server-key-file", env = "CETERA_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// CA certificates (PEM) that client certificates must chain to.
+    #[arg(long, env = "CETERA_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+
+    /// Refuse clients without a certificate signed by --trusted-ca-file.
+    /// Takes an optional value, as etcd's `--client-cert-auth=true`.
+    #[arg(
+        long,
+        env = "CETERA_CLIENT_CERT_AUTH",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value_t = false,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub client_cert_auth: bool,
+
+    /// Address of the HTTP server for /metrics (Prometheus), /healthz,
+    /// /readyz and /health, e.g. 127.0.0.1:2381. Off unless given.
+    #[arg(long, env = "CETERA_METRICS_ADDRESS")]
+    pub metrics_address: Option<SocketAddr>,
 }
 
 /// A duration such as `5s` or `100ms`, at least 100 ms as etcd requires.
@@ -216,7 +246,12 @@ impl Config {
         if addr.ip().is_unspecified() {
             addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
-        vec![format!("http://{addr}")]
+        let scheme = if self.cert_file.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        vec![format!("{scheme}://{addr}")]
     }
 }
 
@@ -294,6 +329,26 @@ mod tests {
             "{error}"
         );
         assert!(Config::try_parse_from(["cetera", "--auto-compaction-mode", "hourly"]).is_err());
+    }
+
+    #[test]
+    fn tls_flags_take_etcd_and_kine_names() {
+        let config = Config::parse_from([
+            "cetera",
+            "--server-cert-file",
+            "c.pem",
+            "--server-key-file",
+            "k.pem",
+            "--client-cert-auth",
+        ]);
+        assert_eq!(config.cert_file, Some(PathBuf::from("c.pem")));
+        assert_eq!(config.key_file, Some(PathBuf::from("k.pem")));
+        assert!(config.client_cert_auth);
+        assert_eq!(config.client_urls(), vec!["https://127.0.0.1:2379"]);
+        let config = Config::parse_from(["cetera", "--client-cert-auth=false"]);
+        assert!(!config.client_cert_auth);
+        let config = Config::parse_from(["cetera", "--client-cert-auth=true"]);
+        assert!(config.client_cert_auth);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod store;

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
 use crate::backend::Backend;
+use crate::metrics::{GaugeGuard, metrics};
 use crate::proto::etcdserverpb::watch_server::Watch;
 use crate::proto::etcdserverpb::{WatchRequest, WatchResponse};
 use crate::store::Store;
@@ -58,7 +59,12 @@ impl<B: Backend> Watch for WatchService<B> {
         let requests = request.into_inner().map_while(Result::ok);
         let (out, responses) = mpsc::channel(OUTBOUND_RESPONSES);
         let session = WatchSession::new(self.store.clone(), out, self.options);
-        tokio::spawn(session.run(Box::pin(requests), self.stop.clone()));
+        let stream_counted = GaugeGuard::new(&metrics().watch_streams);
+        let run = session.run(Box::pin(requests), self.stop.clone());
+        tokio::spawn(async move {
+            run.await;
+            drop(stream_counted);
+        });
 
         let info = self.info.clone();
         let responses = ReceiverStream::new(responses).map(move |mut response| {

@@ -1,6 +1,8 @@
 //! Wires a store to the gRPC services and serves them until shutdown.
 
 mod authority;
+mod grpc_metrics;
+mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -79,29 +81,46 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
     // Refuse a bad retention before connecting to the database.
     config.auto_compaction()?;
-    match Datastore::parse(&config.endpoint)? {
+    let datastore = Datastore::parse(&config.endpoint)?;
+    let tls = tls::server_config(&config)?;
+    // Up before the datastore, so that /healthz answers and /readyz says
+    // "not ready" while the database is still being reached.
+    let readiness = match config.metrics_address {
+        Some(address) => Some(crate::metrics::http::start(address).await?),
+        None => None,
+    };
+    let serving = Serving { tls, readiness };
+    match datastore {
         Datastore::Sqlite(path) => {
             let backend = Sqlite::open(&path)?;
             tracing::info!(path = %path.display(), "opened SQLite datastore");
-            serve(config, backend, shutdown).await
+            serve(config, backend, serving, shutdown).await
         }
         Datastore::Postgres(url) => {
             let backend = Postgres::connect(&url, &config.datastore_tls()).await?;
             tracing::info!("connected to PostgreSQL");
-            serve(config, backend, shutdown).await
+            serve(config, backend, serving, shutdown).await
         }
         Datastore::Mysql(url) => {
             let mut backend = Mysql::connect(&url, &config.datastore_tls()).await?;
             backend.set_poll_interval(config.poll_interval);
             tracing::info!("connected to MySQL");
-            serve(config, backend, shutdown).await
+            serve(config, backend, serving, shutdown).await
         }
     }
+}
+
+/// What `run` prepares before the datastore is open: client TLS, and the
+/// metrics server's readiness, which learns of the store once it is open.
+struct Serving {
+    tls: Option<Arc<rustls::ServerConfig>>,
+    readiness: Option<Arc<crate::metrics::http::Readiness>>,
 }
 
 async fn serve<B: Backend>(
     config: Config,
     backend: B,
+    serving: Serving,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let options = StoreOptions {
@@ -109,6 +128,9 @@ async fn serve<B: Backend>(
         auto_compaction: config.auto_compaction()?,
     };
     let store = Arc::new(Store::open_with(backend, options).await?);
+    if let Some(readiness) = &serving.readiness {
+        readiness.store_opened(store.clone());
+    }
     let info = Arc::new(ServerInfo {
         identity: store.identity(),
         max_request_bytes: config.max_request_bytes,
@@ -135,12 +157,14 @@ async fn serve<B: Backend>(
         .with_context(|| format!("cannot listen on {}", config.listen_address))?;
     tracing::info!(
         address = %config.listen_address,
+        tls = serving.tls.is_some(),
         revision = store.revisions().current,
         member_id = format_args!("{:x}", info.identity.member_id),
         "serving the etcd API"
     );
 
-    Server::builder()
+    let router = Server::builder()
+        .layer(grpc_metrics::GrpcMetricsLayer)
         .layer(tower::util::MapResponseLayer::new(etcd_message_size_error))
         .add_service(
             KvServer::new(KvService::new(store.clone(), info.clone()))
@@ -166,10 +190,23 @@ async fn serve<B: Backend>(
         .add_service(
             ClusterServer::new(ClusterService::new(info.clone()))
                 .max_decoding_message_size(max_message),
-        )
-        .serve_with_incoming_shutdown(client_connections(listener), shutdown)
-        .await
-        .context("gRPC server failed")?;
+        );
+    match serving.tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls::connections(listener, tls), shutdown)
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(client_connections(listener), shutdown)
+                .await
+        }
+    }
+    .context("gRPC server failed")?;
+    if let Some(readiness) = &serving.readiness {
+        readiness.stopping();
+    }
 
     tracing::info!("stopped serving; finishing queued writes");
     match Arc::try_unwrap(store) {

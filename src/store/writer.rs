@@ -11,6 +11,7 @@ use super::error::{StoreError, StoreResult};
 use super::publisher::Publisher;
 use super::range::check_revision;
 use crate::backend::{AlarmRow, Backend, ReadTxn, Revisions, WriteTxn};
+use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseRevokeResponse, PutRequest, PutResponse,
@@ -68,8 +69,9 @@ pub enum WriteResponse {
     LeaseRevoke(LeaseRevokeResponse),
     /// Answer to LeaseKeepAlive.
     LeaseKeepAlive(LeaseKeepAliveResponse),
-    /// Answer to LeaseExpire.
-    LeaseExpire,
+    /// Answer to LeaseExpire: whether the lease expired (a late keep-alive
+    /// may have saved it).
+    LeaseExpire(bool),
     /// Answer to Compact.
     Compact(CompactionResponse),
     /// Answer to CompactStep.
@@ -94,8 +96,11 @@ pub async fn run<B: Backend>(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let started = std::time::Instant::now();
         match commit(&*backend, &mut batch).await {
             Ok((answers, now, committed)) => {
+                metrics().record_commit(batch.len(), started.elapsed());
+                count_lease_changes(&answers);
                 // Watchers hear of a write before its writer does, as in etcd.
                 publisher.committed(committed, now).await;
                 for (queued, answer) in batch.drain(..).zip(answers) {
@@ -110,6 +115,23 @@ pub async fn run<B: Backend>(
                     let _ = queued.reply.send(Err(StoreError::Backend(error)));
                 }
             }
+        }
+    }
+}
+
+/// Counts the lease changes of a committed batch.
+fn count_lease_changes(answers: &[StoreResult<WriteResponse>]) {
+    let metrics = metrics();
+    for answer in answers {
+        match answer {
+            Ok(WriteResponse::LeaseGrant(_)) => metrics.leases_granted.inc(),
+            Ok(WriteResponse::LeaseRevoke(_) | WriteResponse::LeaseExpire(true)) => {
+                metrics.leases_revoked.inc()
+            }
+            Ok(WriteResponse::LeaseKeepAlive(renewed)) if renewed.ttl > 0 => {
+                metrics.leases_renewed.inc()
+            }
+            _ => {}
         }
     }
 }
@@ -179,8 +201,7 @@ async fn apply<T: WriteTxn>(
             WriteResponse::LeaseKeepAlive(applier.lease_keep_alive(*id).await?)
         }
         WriteRequest::LeaseExpire(id) => {
-            applier.lease_expire(*id).await?;
-            WriteResponse::LeaseExpire
+            WriteResponse::LeaseExpire(applier.lease_expire(*id).await?)
         }
         WriteRequest::Compact(revision) => {
             compact(revs, *revision)?;

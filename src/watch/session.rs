@@ -18,6 +18,7 @@ use tokio_stream::{Stream, StreamExt};
 
 use super::hub::RevisionEvents;
 use crate::backend::{Backend, KeyRange};
+use crate::metrics::{GaugeGuard, metrics};
 use crate::proto::etcdserverpb::watch_create_request::FilterType;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
 use crate::proto::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse};
@@ -44,6 +45,8 @@ pub struct SessionOptions {
 }
 
 struct Watcher {
+    /// Counts this watcher in etcd_debugging_mvcc_watcher_total while it lives.
+    _counted: GaugeGuard,
     range: KeyRange,
     /// The next revision this watcher has not yet been given.
     next: i64,
@@ -199,6 +202,7 @@ impl<B: Backend> WatchSession<B> {
         self.watchers.insert(
             id,
             Watcher {
+                _counted: GaugeGuard::new(&metrics().watchers),
                 range,
                 next: start,
                 no_put: has_filter(FilterType::Noput),

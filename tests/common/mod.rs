@@ -177,9 +177,15 @@ impl Proc {
 
     /// Waits until `127.0.0.1:port` accepts and a KV Range or Maintenance Status call
     /// succeeds. Err carries a description; `Err(true)` marks "exited, port was in use".
-    async fn wait_ready(&mut self, port: u16, name: &str) -> Result<(), (bool, String)> {
+    async fn wait_ready(
+        &mut self,
+        port: u16,
+        name: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<(), (bool, String)> {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
-        let endpoint = format!("http://127.0.0.1:{port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{port}");
         let mut last_err = String::from("port never accepted a connection");
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -197,7 +203,7 @@ impl Proc {
                 .await
                 .is_ok()
             {
-                match probe(&endpoint).await {
+                match probe(&endpoint, tls).await {
                     Ok(()) => return Ok(()),
                     Err(e) => last_err = e,
                 }
@@ -207,10 +213,39 @@ impl Proc {
     }
 }
 
+/// TLS settings of a client of a server that serves TLS: the CA its
+/// certificate chains to, and the client's own certificate and key if any.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    /// PEM of the CA that signed the server's certificate.
+    pub ca_pem: String,
+    /// PEM certificate and key the client presents.
+    pub identity: Option<(String, String)>,
+}
+
+impl ClientTls {
+    /// tonic's client TLS settings; the server certificate must name `localhost`.
+    pub fn tonic_config(&self) -> tonic::transport::ClientTlsConfig {
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem))
+            .domain_name("localhost");
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        config
+    }
+}
+
 /// One readiness probe: either a Range or a Status answering Ok counts.
-async fn probe(endpoint: &str) -> Result<(), String> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| e.to_string())?
+async fn probe(endpoint: &str, tls: Option<&ClientTls>) -> Result<(), String> {
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(endpoint.to_string()).map_err(|e| e.to_string())?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.tonic_config())
+            .map_err(|e| e.to_string())?;
+    }
+    let channel = endpoint
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(2))
         .connect()
@@ -252,6 +287,8 @@ pub struct Cetera {
     /// The database, if this server made it (dropped with the server).
     _database: Option<datastore::FreshDatabase>,
     extra_args: Vec<String>,
+    /// How the readiness probe reaches a server started with TLS flags.
+    tls: Option<ClientTls>,
     /// Number of processes started so far; names each run's log file.
     runs: usize,
     /// Holds the database and the log; deleted when the struct is dropped.
@@ -268,15 +305,25 @@ impl Cetera {
     /// Starts cetera with extra command-line arguments, e.g. `["--max-txn-ops", "4"]`,
     /// on a fresh database of the backend chosen by CETERA_TEST_BACKEND.
     pub async fn start_with(extra_args: &[&str]) -> Cetera {
-        Cetera::launch_new(None, extra_args).await
+        Cetera::launch_new(None, extra_args, None).await
+    }
+
+    /// Starts cetera with TLS flags among `extra_args`; the readiness probe
+    /// connects with `tls`.
+    pub async fn start_tls(extra_args: &[&str], tls: ClientTls) -> Cetera {
+        Cetera::launch_new(None, extra_args, Some(tls)).await
     }
 
     /// Starts another instance on an existing datastore (a shared database).
     pub async fn start_on(endpoint: &str) -> Cetera {
-        Cetera::launch_new(Some(endpoint), &[]).await
+        Cetera::launch_new(Some(endpoint), &[], None).await
     }
 
-    async fn launch_new(endpoint: Option<&str>, extra_args: &[&str]) -> Cetera {
+    async fn launch_new(
+        endpoint: Option<&str>,
+        extra_args: &[&str],
+        tls: Option<ClientTls>,
+    ) -> Cetera {
         let dir = tempfile::Builder::new()
             .prefix("cetera-test-")
             .tempdir()
@@ -295,6 +342,7 @@ impl Cetera {
             endpoint,
             _database: database,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            tls,
             runs: 0,
             dir,
         };
@@ -320,7 +368,10 @@ impl Cetera {
             self.runs += 1;
             let log = self.dir.path().join(format!("cetera-{}.log", self.runs));
             let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
-            match proc.wait_ready(self.port, "cetera").await {
+            match proc
+                .wait_ready(self.port, "cetera", self.tls.as_ref())
+                .await
+            {
                 Ok(()) => {
                     self.proc = Some(proc);
                     return;
@@ -406,14 +457,25 @@ impl Etcd {
 
     /// Starts etcd with extra flags, e.g. `["--max-txn-ops", "4"]`.
     pub async fn start_with(extra_args: &[&str]) -> Option<Etcd> {
+        Etcd::launch(extra_args, None).await
+    }
+
+    /// Starts etcd serving TLS on its client port (https URLs), with TLS
+    /// flags among `extra_args`; the readiness probe connects with `tls`.
+    pub async fn start_tls(extra_args: &[&str], tls: ClientTls) -> Option<Etcd> {
+        Etcd::launch(extra_args, Some(&tls)).await
+    }
+
+    async fn launch(extra_args: &[&str], tls: Option<&ClientTls>) -> Option<Etcd> {
         let bin = etcd_bin()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = tempfile::Builder::new()
             .prefix("etcd-test-")
             .tempdir()
             .expect("create tempdir");
         for attempt in 1..=PORT_RETRIES {
             let (client, peer) = (free_port(), free_port());
-            let client_url = format!("http://127.0.0.1:{client}");
+            let client_url = format!("{scheme}://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
             let data_dir = dir.path().join(format!("data-{attempt}"));
             let mut args: Vec<String> = [
@@ -443,7 +505,7 @@ impl Etcd {
             args.extend(extra_args.iter().map(|s| s.to_string()));
             let log = dir.path().join(format!("etcd-{attempt}.log"));
             let mut proc = Proc::spawn(&bin, &args, log);
-            match proc.wait_ready(client, "etcd").await {
+            match proc.wait_ready(client, "etcd", tls).await {
                 Ok(()) => {
                     return Some(Etcd {
                         proc,

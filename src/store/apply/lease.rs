@@ -74,10 +74,10 @@ impl<T: WriteTxn> Applier<'_, T> {
 
     /// Expiry: revokes lease `id` if its deadline has passed. A keep-alive
     /// that came first wins.
-    pub async fn lease_expire(&mut self, id: i64) -> StoreResult<()> {
+    pub async fn lease_expire(&mut self, id: i64) -> StoreResult<bool> {
         match self.txn.lease(id).await? {
-            Some(lease) if lease.expires_at <= now_ms() => self.revoke(id).await,
-            _ => Ok(()),
+            Some(lease) if lease.expires_at <= now_ms() => self.revoke(id).await.map(|()| true),
+            _ => Ok(false),
         }
     }
 

@@ -1,0 +1,278 @@
+//! Prometheus metrics, named like etcd's where etcd has the same measure so
+//! that etcd dashboards and alerts work unchanged; cetera's own measures are
+//! prefixed `cetera_`.
+//!
+//! One process-wide set (`metrics()`), so that the writer, the watch sessions
+//! and the gRPC layer can count without a handle passed down to them. Values
+//! that live in the database (revisions, size, active leases) are sampled when
+//! /metrics is scraped rather than tracked on every write; `http` serves them.
+
+pub mod http;
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    exponential_buckets,
+};
+
+/// Every metric cetera exports.
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    /// RPCs started, by type, service and method (etcd: grpc_server_started_total).
+    pub grpc_started: IntCounterVec,
+    /// RPCs finished, by type, service, method and gRPC code (etcd: grpc_server_handled_total).
+    pub grpc_handled: IntCounterVec,
+    /// Time from the request to its final status (etcd: grpc_server_handling_seconds).
+    pub grpc_handling_seconds: HistogramVec,
+    /// The store's current revision (etcd: etcd_debugging_mvcc_current_revision).
+    pub current_revision: IntGauge,
+    /// The compact revision (etcd: etcd_debugging_mvcc_compact_revision).
+    pub compact_revision: IntGauge,
+    /// Database size on disk (etcd: etcd_mvcc_db_total_size_in_bytes).
+    pub db_total_size: IntGauge,
+    /// Part of the database holding live data (etcd: etcd_mvcc_db_total_size_in_use_in_bytes).
+    pub db_in_use_size: IntGauge,
+    /// Write requests in each group commit (cetera_writer_batch_requests).
+    pub commit_batch_requests: Histogram,
+    /// Write transactions the writer committed (cetera_writer_commits_total).
+    pub commits: IntCounter,
+    /// How long each commit took (etcd: etcd_disk_backend_commit_duration_seconds).
+    pub commit_seconds: Histogram,
+    /// Open watchers (etcd: etcd_debugging_mvcc_watcher_total).
+    pub watchers: IntGauge,
+    /// Open Watch streams (etcd: etcd_debugging_mvcc_watch_stream_total).
+    pub watch_streams: IntGauge,
+    /// Leases granted (etcd: etcd_debugging_lease_granted_total).
+    pub leases_granted: IntCounter,
+    /// Leases revoked by clients or expired (etcd: etcd_debugging_lease_revoked_total).
+    pub leases_revoked: IntCounter,
+    /// Successful keep-alives (etcd: etcd_debugging_lease_renewed_total).
+    pub leases_renewed: IntCounter,
+    /// Leases in the database (cetera_leases_active).
+    pub leases_active: IntGauge,
+    /// Always 1: a single server is its own leader (etcd: etcd_server_has_leader).
+    pub has_leader: IntGauge,
+    /// Always 1 (etcd: etcd_server_is_leader).
+    pub is_leader: IntGauge,
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let registry = Registry::new();
+        let grpc_labels = ["grpc_type", "grpc_service", "grpc_method"];
+        let metrics = Metrics {
+            grpc_started: IntCounterVec::new(
+                Opts::new(
+                    "grpc_server_started_total",
+                    "Total number of RPCs started on the server.",
+                ),
+                &grpc_labels,
+            )
+            .expect("valid metric"),
+            grpc_handled: IntCounterVec::new(
+                Opts::new(
+                    "grpc_server_handled_total",
+                    "Total number of RPCs completed on the server, regardless of success or failure.",
+                ),
+                &["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
+            )
+            .expect("valid metric"),
+            grpc_handling_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "grpc_server_handling_seconds",
+                    "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
+                ),
+                &grpc_labels,
+            )
+            .expect("valid metric"),
+            current_revision: IntGauge::new(
+                "etcd_debugging_mvcc_current_revision",
+                "The current revision of the store.",
+            )
+            .expect("valid metric"),
+            compact_revision: IntGauge::new(
+                "etcd_debugging_mvcc_compact_revision",
+                "The revision of the last compaction in the store.",
+            )
+            .expect("valid metric"),
+            db_total_size: IntGauge::new(
+                "etcd_mvcc_db_total_size_in_bytes",
+                "Total size of the underlying database physically allocated in bytes.",
+            )
+            .expect("valid metric"),
+            db_in_use_size: IntGauge::new(
+                "etcd_mvcc_db_total_size_in_use_in_bytes",
+                "Total size of the underlying database logically in use in bytes.",
+            )
+            .expect("valid metric"),
+            commit_batch_requests: Histogram::with_opts(
+                HistogramOpts::new(
+                    "cetera_writer_batch_requests",
+                    "Write requests applied together in one database commit (group commit).",
+                )
+                .buckets(exponential_buckets(1.0, 2.0, 9).expect("valid buckets")),
+            )
+            .expect("valid metric"),
+            commits: IntCounter::new(
+                "cetera_writer_commits_total",
+                "Write transactions committed by the writer. On SQLite (WAL, synchronous=FULL) \
+                 each commit that changed something is one fsync of the WAL.",
+            )
+            .expect("valid metric"),
+            commit_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "etcd_disk_backend_commit_duration_seconds",
+                    "The latency distributions of commit called by backend.",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 14).expect("valid buckets")),
+            )
+            .expect("valid metric"),
+            watchers: IntGauge::new(
+                "etcd_debugging_mvcc_watcher_total",
+                "Total number of watchers.",
+            )
+            .expect("valid metric"),
+            watch_streams: IntGauge::new(
+                "etcd_debugging_mvcc_watch_stream_total",
+                "Total number of watch streams.",
+            )
+            .expect("valid metric"),
+            leases_granted: IntCounter::new(
+                "etcd_debugging_lease_granted_total",
+                "The total number of granted leases.",
+            )
+            .expect("valid metric"),
+            leases_revoked: IntCounter::new(
+                "etcd_debugging_lease_revoked_total",
+                "The total number of revoked leases.",
+            )
+            .expect("valid metric"),
+            leases_renewed: IntCounter::new(
+                "etcd_debugging_lease_renewed_total",
+                "The number of renewed leases seen by the leader.",
+            )
+            .expect("valid metric"),
+            leases_active: IntGauge::new(
+                "cetera_leases_active",
+                "Leases currently granted and not yet revoked or expired.",
+            )
+            .expect("valid metric"),
+            has_leader: IntGauge::new(
+                "etcd_server_has_leader",
+                "Whether or not a leader exists. 1 is existence, 0 is not.",
+            )
+            .expect("valid metric"),
+            is_leader: IntGauge::new(
+                "etcd_server_is_leader",
+                "Whether or not this member is a leader. 1 if is, 0 otherwise.",
+            )
+            .expect("valid metric"),
+            registry,
+        };
+        metrics.has_leader.set(1);
+        metrics.is_leader.set(1);
+        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+            Box::new(metrics.grpc_started.clone()),
+            Box::new(metrics.grpc_handled.clone()),
+            Box::new(metrics.grpc_handling_seconds.clone()),
+            Box::new(metrics.current_revision.clone()),
+            Box::new(metrics.compact_revision.clone()),
+            Box::new(metrics.db_total_size.clone()),
+            Box::new(metrics.db_in_use_size.clone()),
+            Box::new(metrics.commit_batch_requests.clone()),
+            Box::new(metrics.commits.clone()),
+            Box::new(metrics.commit_seconds.clone()),
+            Box::new(metrics.watchers.clone()),
+            Box::new(metrics.watch_streams.clone()),
+            Box::new(metrics.leases_granted.clone()),
+            Box::new(metrics.leases_revoked.clone()),
+            Box::new(metrics.leases_renewed.clone()),
+            Box::new(metrics.leases_active.clone()),
+            Box::new(metrics.has_leader.clone()),
+            Box::new(metrics.is_leader.clone()),
+        ];
+        for collector in collectors {
+            metrics
+                .registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        metrics
+    }
+
+    /// Records one group commit of `requests` write requests that took `took`.
+    pub fn record_commit(&self, requests: usize, took: Duration) {
+        self.commits.inc();
+        self.commit_batch_requests.observe(requests as f64);
+        self.commit_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The metrics in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let encoder = prometheus::TextEncoder::new();
+        encoder
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|error| format!("# cannot encode metrics: {error}\n"))
+    }
+}
+
+/// Counts one up in a gauge for as long as it lives: a watcher, a stream.
+pub struct GaugeGuard(&'static IntGauge);
+
+impl GaugeGuard {
+    /// Increments `gauge` until the guard is dropped.
+    pub fn new(gauge: &'static IntGauge) -> GaugeGuard {
+        gauge.inc();
+        GaugeGuard(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_etcd_names() {
+        let metrics = metrics();
+        metrics.record_commit(3, Duration::from_millis(2));
+        let text = metrics.render();
+        for name in [
+            "etcd_debugging_mvcc_current_revision",
+            "etcd_mvcc_db_total_size_in_use_in_bytes",
+            "cetera_writer_batch_requests_bucket",
+            "etcd_disk_backend_commit_duration_seconds_count",
+            "etcd_debugging_mvcc_watcher_total",
+            "etcd_server_has_leader 1",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn gauge_guard_counts_while_alive() {
+        static GAUGE: LazyLock<IntGauge> =
+            LazyLock::new(|| IntGauge::new("test_gauge", "test").unwrap());
+        let first = GaugeGuard::new(&GAUGE);
+        let second = GaugeGuard::new(&GAUGE);
+        assert_eq!(GAUGE.get(), 2);
+        drop(first);
+        assert_eq!(GAUGE.get(), 1);
+        drop(second);
+        assert_eq!(GAUGE.get(), 0);
+    }
+}

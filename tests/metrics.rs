@@ -1,0 +1,431 @@
+//! The metrics server on `--metrics-address`: counters and gauges on
+//! /metrics move with the requests sent (by method and gRPC code, including
+//! errors), the revision gauges match the store, watcher and lease gauges go
+//! up and down, and /healthz, /readyz and etcd's /health answer as a
+//! supervisor expects, also while the datastore cannot be reached.
+//! Runs on the backend chosen by CETERA_TEST_BACKEND.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cetera::proto::etcdserverpb::{
+    CompactionRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, PutRequest,
+    RangeRequest, WatchCreateRequest, kv_client::KvClient, lease_client::LeaseClient,
+};
+use common::{Cetera, Etcd, WatchStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Status code and body of `GET path` on `address`, over plain HTTP/1.1.
+async fn get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut socket = tokio::net::TcpStream::connect(address).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    socket.read_to_end(&mut response).await?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+/// One scrape of /metrics, parsed: series name with sorted labels to value.
+#[derive(Debug)]
+struct Scrape(Vec<(String, BTreeMap<String, String>, f64)>);
+
+impl Scrape {
+    /// Parses Prometheus' text format (the subset the server writes: no
+    /// escaped quotes or commas inside label values, no timestamps).
+    fn parse(text: &str) -> Scrape {
+        let mut series = Vec::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (name_labels, value) = line.rsplit_once(' ').expect("name and value");
+            let (name, labels) = match name_labels.split_once('{') {
+                Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                None => (name_labels, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| {
+                    let (key, value) = pair.split_once('=').expect("label=value");
+                    (key.to_string(), value.trim_matches('"').to_string())
+                })
+                .collect();
+            let value = match value {
+                "+Inf" => f64::INFINITY,
+                value => value.parse().expect("a number"),
+            };
+            series.push((name.to_string(), labels, value));
+        }
+        Scrape(series)
+    }
+
+    /// The sum of the series called `name` whose labels include `labels`.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|(_, _, value)| value)
+            .sum()
+    }
+
+    /// `grpc_server_handled_total` of `method` with `code`.
+    fn handled(&self, method: &str, code: &str) -> f64 {
+        self.value(
+            "grpc_server_handled_total",
+            &[("grpc_method", method), ("grpc_code", code)],
+        )
+    }
+}
+
+#[test]
+fn scrape_parser() {
+    let scrape = Scrape::parse(
+        "# HELP x y\n# TYPE x counter\nx{a=\"1\",b=\"2\"} 3\nx{a=\"1\",b=\"3\"} 4\ny 5\nh_bucket{le=\"+Inf\"} 6\n",
+    );
+    assert_eq!(scrape.value("x", &[("a", "1")]), 7.0);
+    assert_eq!(scrape.value("x", &[("b", "3")]), 4.0);
+    assert_eq!(scrape.value("y", &[]), 5.0);
+    assert_eq!(scrape.value("h_bucket", &[("le", "+Inf")]), 6.0);
+    assert_eq!(scrape.value("z", &[]), 0.0);
+}
+
+/// A cetera with its metrics server, and the address of the latter.
+async fn start() -> (Cetera, String) {
+    let address = format!("127.0.0.1:{}", common::free_port());
+    let cetera = Cetera::start_with(&["--metrics-address", &address]).await;
+    (cetera, address)
+}
+
+async fn scrape(address: &str) -> Scrape {
+    let (status, body) = get(address, "/metrics").await.expect("scrape /metrics");
+    assert_eq!(status, 200, "{body}");
+    Scrape::parse(&body)
+}
+
+/// Scrapes until `done` holds of a scrape, for at most 10 s: the gauges of a
+/// closed stream drop when the server has seen the stream end.
+async fn scrape_until(address: &str, what: &str, done: impl Fn(&Scrape) -> bool) -> Scrape {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let scrape = scrape(address).await;
+        if done(&scrape) {
+            return scrape;
+        }
+        assert!(Instant::now() < deadline, "never saw {what}: {scrape:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn counters_and_gauges_follow_requests() {
+    let (cetera, address) = start().await;
+    let channel = common::channel(&cetera.endpoint()).await;
+    let mut kv = KvClient::new(channel.clone());
+    let mut lease = LeaseClient::new(channel.clone());
+    let before = scrape(&address).await;
+
+    let mut revision = 0;
+    for i in 0..3 {
+        let put = kv
+            .put(PutRequest {
+                key: format!("key{i}").into_bytes(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        revision = put.header.unwrap().revision;
+    }
+    for _ in 0..2 {
+        kv.range(RangeRequest {
+            key: b"key0".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let future = kv
+        .range(RangeRequest {
+            key: b"key0".to_vec(),
+            revision: revision + 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(future.code(), tonic::Code::OutOfRange);
+    let empty_key = kv.put(PutRequest::default()).await.unwrap_err();
+    assert_eq!(empty_key.code(), tonic::Code::InvalidArgument);
+
+    let after = scrape(&address).await;
+    let moved = |f: &dyn Fn(&Scrape) -> f64| f(&after) - f(&before);
+    assert_eq!(moved(&|s| s.handled("Put", "OK")), 3.0);
+    assert_eq!(moved(&|s| s.handled("Put", "InvalidArgument")), 1.0);
+    assert_eq!(moved(&|s| s.handled("Range", "OK")), 2.0);
+    assert_eq!(moved(&|s| s.handled("Range", "OutOfRange")), 1.0);
+    assert_eq!(
+        after.value(
+            "grpc_server_handled_total",
+            &[
+                ("grpc_method", "Put"),
+                ("grpc_service", "etcdserverpb.KV"),
+                ("grpc_type", "unary"),
+                ("grpc_code", "OK"),
+            ]
+        ),
+        after.handled("Put", "OK")
+    );
+    assert_eq!(
+        moved(&|s| s.value("grpc_server_started_total", &[("grpc_method", "Put")])),
+        4.0
+    );
+    assert_eq!(
+        moved(&|s| s.value(
+            "grpc_server_handling_seconds_count",
+            &[("grpc_method", "Range")]
+        )),
+        3.0
+    );
+    assert_eq!(
+        after.value("etcd_debugging_mvcc_current_revision", &[]),
+        revision as f64
+    );
+    assert!(after.value("etcd_mvcc_db_total_size_in_bytes", &[]) > 0.0);
+    assert!(after.value("etcd_mvcc_db_total_size_in_use_in_bytes", &[]) > 0.0);
+    // Three Puts, committed one by one or together: between one and three commits,
+    // and the batch histogram saw every commit and the three requests.
+    let commits = moved(&|s| s.value("cetera_writer_commits_total", &[]));
+    assert!((1.0..=3.0).contains(&commits), "{commits} commits");
+    assert_eq!(
+        moved(&|s| s.value("cetera_writer_batch_requests_count", &[])),
+        commits
+    );
+    assert_eq!(
+        moved(&|s| s.value("cetera_writer_batch_requests_sum", &[])),
+        3.0
+    );
+    assert_eq!(
+        moved(&|s| s.value("etcd_disk_backend_commit_duration_seconds_count", &[])),
+        commits
+    );
+    assert_eq!(after.value("etcd_server_has_leader", &[]), 1.0);
+
+    // Compaction moves the compact revision gauge.
+    kv.compact(CompactionRequest {
+        revision,
+        physical: false,
+    })
+    .await
+    .unwrap();
+    let compacted = scrape(&address).await;
+    assert_eq!(
+        compacted.value("etcd_debugging_mvcc_compact_revision", &[]),
+        revision as f64
+    );
+
+    // Watchers and watch streams: up while open, down once closed.
+    let watchers = |s: &Scrape| s.value("etcd_debugging_mvcc_watcher_total", &[]);
+    let streams = |s: &Scrape| s.value("etcd_debugging_mvcc_watch_stream_total", &[]);
+    let idle = scrape(&address).await;
+    let mut watch = WatchStream::open(channel.clone(), false);
+    for key in ["a", "b"] {
+        watch.create(WatchCreateRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        });
+        assert!(watch.recv(Duration::from_secs(5)).await.unwrap().created);
+    }
+    let watching = scrape(&address).await;
+    assert_eq!(watchers(&watching), watchers(&idle) + 2.0);
+    assert_eq!(streams(&watching), streams(&idle) + 1.0);
+    watch.cancel(0);
+    assert!(watch.recv(Duration::from_secs(5)).await.unwrap().canceled);
+    let one_left = scrape(&address).await;
+    assert_eq!(watchers(&one_left), watchers(&idle) + 1.0);
+    drop(watch);
+    scrape_until(&address, "the watch stream closed", |s| {
+        watchers(s) == watchers(&idle) && streams(s) == streams(&idle)
+    })
+    .await;
+
+    // Leases: granted and revoked counters, renewals, the active gauge.
+    let leases = |s: &Scrape| s.value("cetera_leases_active", &[]);
+    let granted = |s: &Scrape| s.value("etcd_debugging_lease_granted_total", &[]);
+    let revoked = |s: &Scrape| s.value("etcd_debugging_lease_revoked_total", &[]);
+    let renewed = |s: &Scrape| s.value("etcd_debugging_lease_renewed_total", &[]);
+    let no_leases = scrape(&address).await;
+    assert_eq!(leases(&no_leases), 0.0);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let grant = lease
+            .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+            .await
+            .unwrap()
+            .into_inner();
+        ids.push(grant.id);
+    }
+    let mut keep_alive = lease
+        .lease_keep_alive(tokio_stream::iter([LeaseKeepAliveRequest { id: ids[0] }]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(keep_alive.message().await.unwrap().unwrap().ttl, 60);
+    let two = scrape(&address).await;
+    assert_eq!(leases(&two), 2.0);
+    assert_eq!(granted(&two) - granted(&no_leases), 2.0);
+    assert_eq!(renewed(&two) - renewed(&no_leases), 1.0);
+    lease
+        .lease_revoke(LeaseRevokeRequest { id: ids[1] })
+        .await
+        .unwrap();
+    let one = scrape(&address).await;
+    assert_eq!(leases(&one), 1.0);
+    assert_eq!(revoked(&one) - revoked(&no_leases), 1.0);
+    let unknown = lease
+        .lease_revoke(LeaseRevokeRequest { id: ids[1] })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let after_unknown = scrape(&address).await;
+    assert_eq!(revoked(&after_unknown), revoked(&one));
+    assert_eq!(
+        after_unknown.handled("LeaseRevoke", "NotFound")
+            - no_leases.handled("LeaseRevoke", "NotFound"),
+        1.0
+    );
+
+    // An expired lease counts as revoked too, as in etcd.
+    lease
+        .lease_grant(LeaseGrantRequest { ttl: 1, id: 0 })
+        .await
+        .unwrap();
+    let expired = scrape_until(&address, "the short lease expire", |s| {
+        leases(s) == 1.0 && revoked(s) - revoked(&no_leases) == 2.0
+    })
+    .await;
+    assert_eq!(granted(&expired) - granted(&no_leases), 3.0);
+}
+
+#[tokio::test]
+async fn health_endpoints_of_a_ready_server() {
+    let (_cetera, address) = start().await;
+    assert_eq!(
+        get(&address, "/healthz").await.unwrap(),
+        (200, "ok\n".into())
+    );
+    assert_eq!(
+        get(&address, "/readyz").await.unwrap(),
+        (200, "ok\n".into())
+    );
+    assert_eq!(get(&address, "/nope").await.unwrap().0, 404);
+    let (status, body) = get(&address, "/health").await.unwrap();
+    assert_eq!(status, 200);
+
+    // etcd serves /health on its metrics URL too: the same JSON.
+    let etcd_metrics = format!("127.0.0.1:{}", common::free_port());
+    let Some(_etcd) =
+        Etcd::start_with(&["--listen-metrics-urls", &format!("http://{etcd_metrics}")]).await
+    else {
+        return;
+    };
+    let (etcd_status, etcd_body) = get(&etcd_metrics, "/health").await.unwrap();
+    assert_eq!((status, body.trim()), (etcd_status, etcd_body.trim()));
+}
+
+/// A server whose datastore does not answer is alive but not ready. The
+/// datastore here is a PostgreSQL URL with nothing listening, which cetera
+/// keeps retrying for 30 s at start.
+#[tokio::test]
+async fn not_ready_while_the_datastore_is_unreachable() {
+    let address = format!("127.0.0.1:{}", common::free_port());
+    let endpoint = format!(
+        "postgres://postgres@127.0.0.1:{}/cetera?sslmode=disable",
+        common::free_port()
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args([
+            "--listen-address",
+            &format!("127.0.0.1:{}", common::free_port()),
+        ])
+        .args(["--endpoint", &endpoint, "--metrics-address", &address])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = loop {
+        match get(&address, "/healthz").await {
+            Ok(answer) => break answer,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "no /healthz: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let ready = get(&address, "/readyz").await.unwrap();
+    let health = get(&address, "/health").await.unwrap();
+    let metrics = get(&address, "/metrics").await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(alive, (200, "ok\n".into()));
+    assert_eq!(
+        ready,
+        (503, "not ready: the datastore is not open yet\n".into())
+    );
+    assert_eq!(
+        health,
+        (
+            503,
+            r#"{"health":"false","reason":"the datastore is not open yet"}"#.into()
+        )
+    );
+    assert_eq!(metrics.0, 200);
+    // Counters still show; the gauges read from the datastore stay unset.
+    let scrape = Scrape::parse(&metrics.1);
+    assert_eq!(scrape.value("etcd_server_has_leader", &[]), 1.0);
+    assert_eq!(
+        scrape.value("etcd_debugging_mvcc_current_revision", &[]),
+        0.0
+    );
+}
+
+/// `--log-format json` writes one JSON object per line, with etcd-like
+/// fields a log shipper can index: timestamp, level, message.
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let cetera = Cetera::start_with(&["--log-format", "json"]).await;
+    let log = cetera.log();
+    let lines: Vec<&str> = log.lines().filter(|line| !line.is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for line in &lines {
+        let object: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(object["timestamp"].is_string(), "{line}");
+        assert!(object["level"].is_string(), "{line}");
+        assert!(object["fields"]["message"].is_string(), "{line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains(r#""message":"serving the etcd API""#)),
+        "{log}"
+    );
+}
