@@ -9,5 +9,6 @@ pub mod backend;
 pub mod config;
 pub mod proto;
 pub mod server;
+pub mod snapshot;
 pub mod store;
 pub mod watch;

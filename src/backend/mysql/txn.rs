@@ -272,6 +272,13 @@ impl WriteTxn for MysqlWrite {
         execute(self.session.conn(), "DELETE FROM lease WHERE id = ?", (id,)).await
     }
 
+    async fn clear(&mut self) -> BackendResult<()> {
+        for table in ["log", "kv", "lease", "settings"] {
+            execute(self.session.conn(), &format!("DELETE FROM {table}"), ()).await?;
+        }
+        self.set_revisions(Revisions::EMPTY_STORE).await
+    }
+
     async fn commit(mut self) -> BackendResult<()> {
         self.session.end("COMMIT").await
     }
