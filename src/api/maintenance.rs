@@ -121,15 +121,14 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         }))
     }
 
-    /// Like etcd, answers with an empty response once the space is given back.
+    /// Like etcd, answers with an empty response (not even a header) once
+    /// the space is given back.
     async fn defragment(
         &self,
         _: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
         self.store.defragment().await?;
-        Ok(Response::new(DefragmentResponse {
-            header: self.info.header(self.store.revisions().current),
-        }))
+        Ok(Response::new(DefragmentResponse { header: None }))
     }
 
     async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {

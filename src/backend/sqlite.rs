@@ -181,7 +181,10 @@ impl Backend for Sqlite {
         let conn = self.writer.lock().await;
         let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
         if mode == AUTO_VACUUM_INCREMENTAL {
-            conn.execute_batch("PRAGMA incremental_vacuum")?;
+            // It frees one page per step, so it must be stepped to the end.
+            let mut vacuum = conn.prepare("PRAGMA incremental_vacuum")?;
+            let mut steps = vacuum.query([])?;
+            while steps.next()?.is_some() {}
         } else {
             conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
             conn.execute_batch("VACUUM")?;
