@@ -228,6 +228,40 @@ mod tests {
     }
 
     #[test]
+    fn restore_is_a_subcommand_and_serving_needs_none() {
+        let config = Config::parse_from(["cetera", "--endpoint", "/x.db"]);
+        assert!(config.command.is_none());
+        // The datastore flags work on either side of the subcommand.
+        for args in [
+            &[
+                "cetera",
+                "restore",
+                "snap.db",
+                "--endpoint",
+                "/y.db",
+                "--force",
+            ][..],
+            &[
+                "cetera",
+                "--endpoint",
+                "/y.db",
+                "restore",
+                "--force",
+                "snap.db",
+            ][..],
+        ] {
+            let config = Config::parse_from(args);
+            assert_eq!(config.endpoint, "/y.db");
+            match config.command {
+                Some(Command::Restore { file, force }) => {
+                    assert_eq!((file, force), (PathBuf::from("snap.db"), true));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn datastore_endpoint_alias() {
         let config = Config::parse_from(["cetera", "--datastore-endpoint", "/x.db"]);
         assert_eq!(config.endpoint, "/x.db");
