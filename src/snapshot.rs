@@ -80,17 +80,13 @@ async fn copy<R: ReadTxn, W: WriteTxn>(
 /// `path` (without the trailer).
 pub async fn write_database<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<()> {
     let mut source = backend.read().await?;
-    {
-        let file = Sqlite::open(path)?;
-        let mut target = file.write().await?;
-        copy(&mut source, &mut target, Purpose::Snapshot).await?;
-        target.commit().await?;
-    }
+    let file = Sqlite::open(path)?;
+    file.prepare_bulk_load(true).await?;
+    let mut target = file.write().await?;
+    copy(&mut source, &mut target, Purpose::Snapshot).await?;
+    target.commit().await?;
     drop(source);
-    // Closing the last connection checkpointed the WAL into the file;
-    // rollback-journal mode makes the file alone the whole database.
-    let conn = rusqlite::Connection::open(path)?;
-    conn.pragma_update(None, "journal_mode", "DELETE")?;
+    file.finish_scratch().await?;
     Ok(())
 }
 
@@ -188,7 +184,11 @@ pub async fn restore<B: Backend>(
 /// `cetera restore FILE`: opens the datastore named by the flags and restores into it.
 pub async fn restore_command(config: &Config, file: &Path, force: bool) -> anyhow::Result<()> {
     let restored = match Datastore::parse(&config.endpoint)? {
-        Datastore::Sqlite(path) => restore(file, &Sqlite::open(&path)?, force).await?,
+        Datastore::Sqlite(path) => {
+            let backend = Sqlite::open(&path)?;
+            backend.prepare_bulk_load(false).await?;
+            restore(file, &backend, force).await?
+        }
         Datastore::Postgres(url) => {
             let backend = Postgres::connect(&url, &config.datastore_tls()).await?;
             restore(file, &backend, force).await?

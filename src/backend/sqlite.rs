@@ -51,6 +51,30 @@ impl Sqlite {
         })
     }
 
+    /// Readies the writer for one very large transaction (a restore or a
+    /// snapshot being built): a page cache big enough that SQLite rarely
+    /// spills pages to the WAL and reads them back. With `scratch` (a file
+    /// nobody else uses, thrown away if anything fails) it also drops the
+    /// journal and the fsyncs; `finish_scratch` makes such a file
+    /// self-contained again.
+    pub async fn prepare_bulk_load(&self, scratch: bool) -> anyhow::Result<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "cache_size", BULK_LOAD_CACHE_KIB)?;
+        if scratch {
+            conn.pragma_update(None, "journal_mode", "OFF")?;
+            conn.pragma_update(None, "synchronous", "OFF")?;
+        }
+        Ok(())
+    }
+
+    /// Ends a scratch file's bulk load: rollback-journal mode (not WAL), so
+    /// that the file alone is the whole database.
+    pub async fn finish_scratch(&self) -> anyhow::Result<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "journal_mode", "DELETE")?;
+        Ok(())
+    }
+
     /// Opens a snapshot file (see `crate::snapshot`) for reading without
     /// changing it: immutable, so SQLite takes no locks and writes no journal,
     /// and bytes after the database (the checksum trailer) are ignored.
@@ -195,6 +219,9 @@ impl Backend for Sqlite {
         Ok(())
     }
 }
+
+/// Page cache of a bulk load, in KiB (a negative `cache_size` is KiB).
+const BULK_LOAD_CACHE_KIB: i64 = -65536;
 
 /// SQLite's `auto_vacuum` setting that lets `incremental_vacuum` shrink the file.
 const AUTO_VACUUM_INCREMENTAL: i64 = 2;
