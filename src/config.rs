@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::bail;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// Default SQLite file, as kine and k3s use.
 pub const DEFAULT_ENDPOINT: &str = "sqlite://./db/state.db";
@@ -23,21 +23,22 @@ pub struct Config {
         long,
         visible_alias = "datastore-endpoint",
         env = "CETERA_ENDPOINT",
-        default_value = DEFAULT_ENDPOINT
+        default_value = DEFAULT_ENDPOINT,
+        global = true
     )]
     pub endpoint: String,
 
     /// CA certificate that the database server's certificate must chain to
     /// (Postgres/MySQL over TLS; k3s's name).
-    #[arg(long, env = "CETERA_DATASTORE_CAFILE")]
+    #[arg(long, env = "CETERA_DATASTORE_CAFILE", global = true)]
     pub datastore_cafile: Option<PathBuf>,
 
     /// Client certificate presented to the database server.
-    #[arg(long, env = "CETERA_DATASTORE_CERTFILE")]
+    #[arg(long, env = "CETERA_DATASTORE_CERTFILE", global = true)]
     pub datastore_certfile: Option<PathBuf>,
 
     /// Key of --datastore-certfile.
-    #[arg(long, env = "CETERA_DATASTORE_KEYFILE")]
+    #[arg(long, env = "CETERA_DATASTORE_KEYFILE", global = true)]
     pub datastore_keyfile: Option<PathBuf>,
 
     /// Client URLs this member reports in MemberList (comma-separated).
@@ -101,7 +102,7 @@ pub struct Config {
     pub auto_compaction_revision_interval: std::time::Duration,
 
     /// Log line format.
-    #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
 
     /// Certificate (PEM) for TLS on the gRPC port; with --key-file, clients
@@ -133,6 +134,26 @@ pub struct Config {
     /// /readyz and /health, e.g. 127.0.0.1:2381. Off unless given.
     #[arg(long, env = "CETERA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
+
+    /// A one-off command instead of serving. The datastore flags
+    /// (--endpoint and the TLS files) apply to it too.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Commands other than serving (`cetera [flags]` with none serves).
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Load a snapshot (from `etcdctl snapshot save` against cetera) into the
+    /// datastore named by --endpoint. Revisions, history and leases are kept;
+    /// the store gets a new cluster and member id.
+    Restore {
+        /// The snapshot file.
+        file: PathBuf,
+        /// Replace whatever the datastore holds (otherwise it must be empty).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// A duration such as `5s` or `100ms`, at least 100 ms as etcd requires.
@@ -349,6 +370,40 @@ mod tests {
         assert!(!config.client_cert_auth);
         let config = Config::parse_from(["cetera", "--client-cert-auth=true"]);
         assert!(config.client_cert_auth);
+    }
+
+    #[test]
+    fn restore_is_a_subcommand_and_serving_needs_none() {
+        let config = Config::parse_from(["cetera", "--endpoint", "/x.db"]);
+        assert!(config.command.is_none());
+        // The datastore flags work on either side of the subcommand.
+        for args in [
+            &[
+                "cetera",
+                "restore",
+                "snap.db",
+                "--endpoint",
+                "/y.db",
+                "--force",
+            ][..],
+            &[
+                "cetera",
+                "--endpoint",
+                "/y.db",
+                "restore",
+                "--force",
+                "snap.db",
+            ][..],
+        ] {
+            let config = Config::parse_from(args);
+            assert_eq!(config.endpoint, "/y.db");
+            match config.command {
+                Some(Command::Restore { file, force }) => {
+                    assert_eq!((file, force), (PathBuf::from("snap.db"), true));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

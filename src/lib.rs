@@ -10,5 +10,6 @@ pub mod config;
 pub mod metrics;
 pub mod proto;
 pub mod server;
+pub mod snapshot;
 pub mod store;
 pub mod watch;

@@ -1,15 +1,22 @@
-//! The `cetera` binary: parses flags, sets up logging, serves until SIGINT or SIGTERM.
+//! The `cetera` binary: parses flags, sets up logging, serves until SIGINT or
+//! SIGTERM, or runs a one-off command such as `cetera restore`.
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use cetera::config::{Config, LogFormat};
+use cetera::config::{Command, Config, LogFormat};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
     init_logging(config.log_format);
-    match cetera::server::run(config, shutdown_signal()).await {
+    let outcome = match &config.command {
+        None => cetera::server::run(config, shutdown_signal()).await,
+        Some(Command::Restore { file, force }) => {
+            cetera::snapshot::restore_command(&config, file, *force).await
+        }
+    };
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");

@@ -1,6 +1,6 @@
-//! The Maintenance service: Status and Alarm for now. Snapshot, Defragment,
-//! Hash, HashKV, MoveLeader and Downgrade answer Unimplemented until their
-//! issue lands.
+//! The Maintenance service: Status, Alarm, Snapshot, Defragment, Hash and
+//! HashKV. MoveLeader and Downgrade answer Unimplemented (a single member
+//! has no leader to move and no cluster version to downgrade).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -43,6 +43,57 @@ fn alarm_member(row: AlarmRow) -> AlarmMember {
 }
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
+
+/// Bytes per snapshot message, as etcd sends them.
+const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
+/// Messages read ahead of a slow client.
+const SNAPSHOT_CHUNKS_IN_FLIGHT: usize = 8;
+
+/// Streams the file at `path` into `chunks`, then its SHA-256. Stops quietly
+/// when the client goes away.
+fn send_snapshot(
+    path: &std::path::Path,
+    chunks: &tokio::sync::mpsc::Sender<Result<SnapshotResponse, Status>>,
+) -> Result<(), Status> {
+    use sha2::Digest;
+    use std::io::Read;
+    let read_error =
+        |e: std::io::Error| Status::internal(format!("cetera: cannot read snapshot: {e}"));
+    let mut file = std::fs::File::open(path).map_err(read_error)?;
+    let total = file.metadata().map_err(read_error)?.len();
+    let mut hasher = sha2::Sha256::new();
+    let mut sent = 0u64;
+    while sent < total {
+        let mut blob = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+        let mut filled = 0;
+        while filled < blob.len() {
+            match file.read(&mut blob[filled..]).map_err(read_error)? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        if filled == 0 {
+            return Err(Status::internal("cetera: snapshot file shrank while sent"));
+        }
+        blob.truncate(filled);
+        sent += filled as u64;
+        hasher.update(&blob);
+        let chunk = SnapshotResponse {
+            header: None,
+            remaining_bytes: total.saturating_sub(sent),
+            blob,
+        };
+        if chunks.blocking_send(Ok(chunk)).is_err() {
+            return Ok(());
+        }
+    }
+    let _ = chunks.blocking_send(Ok(SnapshotResponse {
+        header: None,
+        remaining_bytes: 0,
+        blob: hasher.finalize().to_vec(),
+    }));
+    Ok(())
+}
 
 #[tonic::async_trait]
 impl<B: Backend> Maintenance for MaintenanceService<B> {
@@ -104,34 +155,77 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         }))
     }
 
+    /// Like etcd, answers with an empty response (not even a header) once
+    /// the space is given back.
     async fn defragment(
         &self,
         _: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        Err(Status::unimplemented(
-            "cetera: Defragment is not implemented yet",
-        ))
+        self.store.defragment().await?;
+        Ok(Response::new(DefragmentResponse { header: None }))
     }
 
     async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        Err(Status::unimplemented("cetera: Hash is not implemented yet"))
+        let (hash, revision) = self.store.hash().await?;
+        Ok(Response::new(HashResponse {
+            header: self.info.header(revision),
+            hash,
+        }))
     }
 
-    async fn hash_kv(&self, _: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
-        Err(Status::unimplemented(
-            "cetera: HashKV is not implemented yet",
-        ))
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        let hashed = self.store.hash_kv(request.into_inner().revision).await?;
+        Ok(Response::new(HashKvResponse {
+            header: self.info.header(hashed.current),
+            hash: hashed.hash,
+            compact_revision: hashed.compact,
+        }))
     }
 
     type SnapshotStream = SnapshotStream;
 
+    /// Builds the snapshot database in a temporary directory from one
+    /// consistent read, then streams it in 32 KiB chunks counting down
+    /// `remaining_bytes`, and last the SHA-256 of everything sent, as etcd does.
     async fn snapshot(
         &self,
         _: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
-        Err(Status::unimplemented(
-            "cetera: Snapshot is not implemented yet",
-        ))
+        let dir = tempfile::Builder::new()
+            .prefix("cetera-snapshot-")
+            .tempdir()
+            .map_err(|e| Status::internal(format!("cetera: cannot create a snapshot file: {e}")))?;
+        let path = dir.path().join("snapshot.db");
+        // SQLite calls run inline and this copy makes many of them: it runs
+        // on a blocking thread so that it holds no runtime worker for long.
+        let (store, target, runtime) = (
+            self.store.clone(),
+            path.clone(),
+            tokio::runtime::Handle::current(),
+        );
+        let built =
+            tokio::task::spawn_blocking(move || runtime.block_on(store.snapshot_to(&target)))
+                .await
+                .map_err(|e| anyhow::anyhow!("snapshot task failed: {e}"))
+                .and_then(|built| built);
+        built.map_err(|e| {
+            tracing::error!("snapshot failed: {e:#}");
+            Status::internal(format!("cetera: snapshot failed: {e:#}"))
+        })?;
+        let (chunks, stream) = tokio::sync::mpsc::channel(SNAPSHOT_CHUNKS_IN_FLIGHT);
+        tokio::task::spawn_blocking(move || {
+            if let Err(status) = send_snapshot(&path, &chunks) {
+                let _ = chunks.blocking_send(Err(status));
+            }
+            // The temporary directory goes once everything is sent.
+            drop(dir);
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(stream),
+        )))
     }
 
     async fn move_leader(

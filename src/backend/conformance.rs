@@ -433,6 +433,170 @@ pub async fn history_from_the_log_matches_what_watchers_saw<B: Backend>(t: TestS
     );
 }
 
+/// A store with history, a deletion, a compaction and a lease: revisions 2..=8.
+async fn write_sample_history<B: Backend>(store: &Store<B>) -> i64 {
+    for (key, value) in [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")] {
+        store.put(put_req(key, value)).await.unwrap();
+    }
+    store
+        .delete_range(DeleteRangeRequest {
+            key: "b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    store
+        .compact(&CompactionRequest {
+            revision: 4,
+            physical: true,
+        })
+        .await
+        .unwrap();
+    let lease = store
+        .lease_grant(LeaseGrantRequest { id: 0, ttl: 300 })
+        .await
+        .unwrap()
+        .id;
+    let put = PutRequest {
+        lease,
+        ..put_req("d", "1")
+    };
+    store.put(put).await.unwrap();
+    store.put(put_req("a", "3")).await.unwrap();
+    lease
+}
+
+/// Conformance test `clear_leaves_an_empty_store`.
+pub async fn clear_leaves_an_empty_store<B: Backend>(t: TestStore<B>) {
+    use crate::backend::{KeyRange, ReadAt, Revisions, WriteTxn};
+    write_sample_history(&t.store).await;
+    let mut txn = t.store.backend().write().await.unwrap();
+    txn.clear().await.unwrap();
+    txn.commit().await.unwrap();
+    let mut read = t.store.backend().read().await.unwrap();
+    assert_eq!(read.revisions().await.unwrap(), Revisions::EMPTY_STORE);
+    let everything = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    assert_eq!(read.count(&everything, ReadAt::Current).await.unwrap(), 0);
+    assert!(read.log_entries(0, 100).await.unwrap().is_empty());
+    assert!(read.leases().await.unwrap().is_empty());
+    assert_eq!(read.setting(crate::store::CLUSTER).await.unwrap(), None);
+}
+
+/// Conformance test `defragment_keeps_every_revision`.
+pub async fn defragment_keeps_every_revision<B: Backend>(t: TestStore<B>) {
+    write_sample_history(&t.store).await;
+    let all = |revision| RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        revision,
+        ..Default::default()
+    };
+    let current = t.store.revisions().current;
+    let mut before = Vec::new();
+    for revision in 4..=current {
+        before.push(t.store.range(&all(revision)).await.unwrap());
+    }
+    let hash = t.store.hash_kv(0).await.unwrap();
+    t.store.defragment().await.unwrap();
+    for (revision, expected) in (4..=current).zip(before) {
+        assert_eq!(t.store.range(&all(revision)).await.unwrap(), expected);
+    }
+    assert_eq!(t.store.hash_kv(0).await.unwrap(), hash);
+}
+
+/// Conformance test `hash_kv_refuses_compacted_and_future_revisions`.
+pub async fn hash_kv_refuses_compacted_and_future_revisions<B: Backend>(t: TestStore<B>) {
+    write_sample_history(&t.store).await;
+    let current = t.store.revisions().current;
+    // etcd refuses the compact revision itself too.
+    for revision in [1, 4] {
+        assert!(matches!(
+            t.store.hash_kv(revision).await,
+            Err(StoreError::Compacted)
+        ));
+    }
+    assert!(matches!(
+        t.store.hash_kv(current + 1).await,
+        Err(StoreError::FutureRevision)
+    ));
+    let latest = t.store.hash_kv(0).await.unwrap();
+    assert_eq!((latest.current, latest.compact), (current, 4));
+    assert_eq!(t.store.hash_kv(current).await.unwrap(), latest);
+    let mut hashes: Vec<u32> = Vec::new();
+    for revision in 5..=current {
+        hashes.push(t.store.hash_kv(revision).await.unwrap().hash);
+    }
+    hashes.sort();
+    hashes.dedup();
+    assert_eq!(
+        hashes.len() as i64,
+        current - 4,
+        "each revision hashes differently"
+    );
+}
+
+/// Conformance test `snapshot_restores_into_sqlite_with_equal_hashes`: a
+/// snapshot of this backend restored into SQLite reads the same at every
+/// revision and hashes the same, so the hash does not depend on the backend.
+pub async fn snapshot_restores_into_sqlite_with_equal_hashes<B: Backend>(t: TestStore<B>) {
+    let lease = write_sample_history(&t.store).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("snapshot.db");
+    t.store.snapshot_to(&file).await.unwrap();
+    let target = crate::backend::sqlite::Sqlite::open(&dir.path().join("restored.db")).unwrap();
+    let restored = crate::snapshot::restore(&file, &target, false)
+        .await
+        .unwrap();
+    assert!(!restored.checksummed, "a bare database has no trailer");
+    let copy = Store::open(target).await.unwrap();
+    let current = t.store.revisions().current;
+    assert_eq!(copy.revisions(), t.store.revisions());
+    let all = |revision| RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        revision,
+        ..Default::default()
+    };
+    for revision in 4..=current {
+        assert_eq!(
+            copy.range(&all(revision)).await.unwrap().kvs,
+            t.store.range(&all(revision)).await.unwrap().kvs
+        );
+        let (original, restored) = (
+            t.store.hash_kv(revision).await,
+            copy.hash_kv(revision).await,
+        );
+        match (original, restored) {
+            (Ok(original), Ok(restored)) => assert_eq!(original, restored),
+            (Err(StoreError::Compacted), Err(StoreError::Compacted)) => assert_eq!(revision, 4),
+            other => panic!("revision {revision}: {other:?}"),
+        }
+    }
+    assert_eq!(copy.hash().await.unwrap(), t.store.hash().await.unwrap());
+    let ttl = copy
+        .lease_time_to_live(&LeaseTimeToLiveRequest {
+            id: lease,
+            keys: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!((ttl.granted_ttl, ttl.keys), (300, vec![b"d".to_vec()]));
+    assert_ne!(
+        copy.identity(),
+        t.store.identity(),
+        "a restored store is a new cluster"
+    );
+
+    copy.put(put_req("e", "1")).await.unwrap();
+    assert_ne!(
+        copy.hash_kv(0).await.unwrap().hash,
+        t.store.hash_kv(0).await.unwrap().hash
+    );
+}
+
 /// Expands to one `#[tokio::test]` per conformance test, each on a store from `$open`.
 #[macro_export]
 macro_rules! conformance_suite {
@@ -480,6 +644,22 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn history_from_the_log_matches_what_watchers_saw() {
             $crate::backend::conformance::history_from_the_log_matches_what_watchers_saw($open().await).await
+        }
+        #[tokio::test]
+        async fn clear_leaves_an_empty_store() {
+            $crate::backend::conformance::clear_leaves_an_empty_store($open().await).await
+        }
+        #[tokio::test]
+        async fn defragment_keeps_every_revision() {
+            $crate::backend::conformance::defragment_keeps_every_revision($open().await).await
+        }
+        #[tokio::test]
+        async fn hash_kv_refuses_compacted_and_future_revisions() {
+            $crate::backend::conformance::hash_kv_refuses_compacted_and_future_revisions($open().await).await
+        }
+        #[tokio::test]
+        async fn snapshot_restores_into_sqlite_with_equal_hashes() {
+            $crate::backend::conformance::snapshot_restores_into_sqlite_with_equal_hashes($open().await).await
         }
     };
 }

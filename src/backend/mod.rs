@@ -74,6 +74,15 @@ pub struct Revisions {
     pub compacted_through: i64,
 }
 
+impl Revisions {
+    /// The counters of a store no one has written to.
+    pub const EMPTY_STORE: Revisions = Revisions {
+        current: 1,
+        compact: -1,
+        compacted_through: 0,
+    };
+}
+
 /// One row of the revision log: a key's state after a change.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogEntry {
@@ -196,6 +205,10 @@ pub trait WriteTxn: ReadTxn {
     /// Forgets a raised alarm.
     fn remove_alarm(&mut self, alarm: &AlarmRow) -> impl Future<Output = BackendResult<()>> + Send;
 
+    /// Empties the store: no log rows, keys, leases, settings or alarms, and the
+    /// counters of a new store (revision 1, never compacted). For restore.
+    fn clear(&mut self) -> impl Future<Output = BackendResult<()>> + Send;
+
     /// Makes every change durable and visible.
     fn commit(self) -> impl Future<Output = BackendResult<()>> + Send;
 }
@@ -221,6 +234,9 @@ pub trait Backend: Send + Sync + 'static {
     fn quota_bytes(&self, size: &DatabaseSize) -> i64 {
         size.total
     }
+
+    /// Gives space freed by deleted rows back, online (etcd's Defragment).
+    fn defragment(&self) -> impl Future<Output = BackendResult<()>> + Send;
 
     /// Longest key the schema can store and index, in bytes.
     fn max_key_bytes(&self) -> usize {

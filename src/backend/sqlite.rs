@@ -51,6 +51,73 @@ impl Sqlite {
         })
     }
 
+    /// Readies the writer for one very large transaction (a restore or a
+    /// snapshot being built): a page cache big enough that SQLite rarely
+    /// spills pages to the WAL and reads them back. With `scratch` (a file
+    /// nobody else uses, thrown away if anything fails) it also drops the
+    /// journal and the fsyncs; `finish_scratch` makes such a file
+    /// self-contained again.
+    pub async fn prepare_bulk_load(&self, scratch: bool) -> anyhow::Result<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "cache_size", BULK_LOAD_CACHE_KIB)?;
+        if scratch {
+            conn.pragma_update(None, "journal_mode", "OFF")?;
+            conn.pragma_update(None, "synchronous", "OFF")?;
+        }
+        Ok(())
+    }
+
+    /// Ends a scratch file's bulk load: rollback-journal mode (not WAL), so
+    /// that the file alone is the whole database.
+    pub async fn finish_scratch(&self) -> anyhow::Result<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "journal_mode", "DELETE")?;
+        Ok(())
+    }
+
+    /// Opens a snapshot file (see `crate::snapshot`) for reading without
+    /// changing it: immutable, so SQLite takes no locks and writes no journal,
+    /// and bytes after the database (the checksum trailer) are ignored.
+    /// Refuses a file whose schema is newer than this build's.
+    pub fn read_snapshot_file(path: &Path) -> anyhow::Result<SqliteRead> {
+        const PATH_SET: &percent_encoding::AsciiSet =
+            &percent_encoding::CONTROLS.add(b'%').add(b'?').add(b'#');
+        let uri = format!(
+            "file:{}?immutable=1",
+            percent_encoding::utf8_percent_encode(&path.to_string_lossy(), PATH_SET)
+        );
+        let conn = Connection::open_with_flags(
+            uri,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        let version: Option<i64> = conn
+            .query_row(
+                "SELECT MAX(version) FROM refinery_schema_history",
+                [],
+                |r| r.get(0),
+            )
+            .context("not a cetera snapshot: it has no cetera schema")?;
+        let supported = migrations::migrations::runner()
+            .get_migrations()
+            .iter()
+            .map(|m| i64::from(m.version()))
+            .max()
+            .unwrap_or(0);
+        if version.unwrap_or(0) > supported {
+            anyhow::bail!(
+                "the snapshot has schema version {}, newer than this cetera's {supported}",
+                version.unwrap_or(0)
+            );
+        }
+        conn.execute_batch("BEGIN")?;
+        Ok(SqliteRead {
+            conn: Some(conn),
+            pool: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
     fn take_reader(&self) -> BackendResult<Connection> {
         let idle = self.readers.lock().expect("reader pool poisoned").pop();
         match idle {
@@ -71,6 +138,11 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
     };
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(Duration::from_secs(30))?;
+    if !read_only {
+        // Takes effect only in a database without tables yet (a new one),
+        // so that Defragment can shrink the file without a full VACUUM.
+        conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
+    }
     // WAL lets readers work beside the writer. synchronous=FULL fsyncs the WAL
     // on every commit, so an acknowledged write survives power loss, not only
     // a crash of the process; group commit makes that one fsync per batch.
@@ -122,7 +194,37 @@ impl Backend for Sqlite {
         return_reader(&self.readers, conn);
         Ok(sizes?)
     }
+
+    /// Shrinks the file by the free pages. Databases created by cetera use
+    /// auto_vacuum=INCREMENTAL, so `incremental_vacuum` just moves pages and
+    /// truncates; an older database is rebuilt by one VACUUM, which also
+    /// switches it to incremental for next time. Either holds the writer for
+    /// the duration, as etcd's defragmentation blocks writes. The checkpoint
+    /// then moves the result from the WAL into the database file.
+    async fn defragment(&self) -> BackendResult<()> {
+        let conn = self.writer.lock().await;
+        let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+        if mode == AUTO_VACUUM_INCREMENTAL {
+            // It frees one page per step, so it must be stepped to the end.
+            let mut vacuum = conn.prepare("PRAGMA incremental_vacuum")?;
+            let mut steps = vacuum.query([])?;
+            while steps.next()?.is_some() {}
+        } else {
+            conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
+            conn.execute_batch("VACUUM")?;
+        }
+        // Readers holding old snapshots can keep part of the WAL alive; the
+        // next checkpoint finishes the job, so a partial one is no error.
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
 }
+
+/// Page cache of a bulk load, in KiB (a negative `cache_size` is KiB).
+const BULK_LOAD_CACHE_KIB: i64 = -65536;
+
+/// SQLite's `auto_vacuum` setting that lets `incremental_vacuum` shrink the file.
+const AUTO_VACUUM_INCREMENTAL: i64 = 2;
 
 fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
     let mut idle = pool.lock().expect("reader pool poisoned");
@@ -532,6 +634,13 @@ impl WriteTxn for SqliteWrite {
             .prepare_cached("DELETE FROM alarm WHERE member_id = ?1 AND alarm = ?2")?
             .execute(params![alarm.member_id, alarm.alarm])?;
         Ok(())
+    }
+
+    async fn clear(&mut self) -> BackendResult<()> {
+        self.conn.execute_batch(
+            "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm;",
+        )?;
+        self.set_revisions(Revisions::EMPTY_STORE).await
     }
 
     async fn commit(mut self) -> BackendResult<()> {

@@ -10,6 +10,7 @@ pub mod alarm;
 mod apply;
 pub mod auto_compaction;
 pub mod error;
+pub mod hash;
 mod history;
 mod publisher;
 pub mod range;
@@ -157,6 +158,29 @@ impl<B: Backend> Store<B> {
     /// Size of the underlying database.
     pub async fn size(&self) -> StoreResult<DatabaseSize> {
         Ok(self.backend.size().await?)
+    }
+
+    /// etcd HashKV: a digest of the keys as of `revision` (0: current).
+    pub async fn hash_kv(&self, revision: i64) -> StoreResult<hash::KvHash> {
+        let mut txn = self.backend.read().await?;
+        hash::hash_kv(&mut txn, revision).await
+    }
+
+    /// etcd Hash: a digest of the whole store, with the revision it is at.
+    pub async fn hash(&self) -> StoreResult<(u32, i64)> {
+        let mut txn = self.backend.read().await?;
+        hash::hash_all(&mut txn).await
+    }
+
+    /// etcd Defragment: gives freed space back to the file system.
+    pub async fn defragment(&self) -> StoreResult<()> {
+        Ok(self.backend.defragment().await?)
+    }
+
+    /// Writes a snapshot database of one consistent view of the store to
+    /// `path` (see `crate::snapshot`).
+    pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        crate::snapshot::write_database(&*self.backend, path).await
     }
 
     /// etcd Range.
@@ -488,10 +512,13 @@ async fn poll_other_instances<B: Backend>(
     }
 }
 
+/// Setting holding the cluster id.
+pub(crate) const CLUSTER: &str = "cluster_id";
+/// Setting holding the member id.
+pub(crate) const MEMBER: &str = "member_id";
+
 /// Reads the cluster and member ids, choosing them on first start.
 async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Identity> {
-    const CLUSTER: &str = "cluster_id";
-    const MEMBER: &str = "member_id";
     let mut txn = backend.write().await?;
     let stored = (txn.setting(CLUSTER).await?, txn.setting(MEMBER).await?);
     let identity = match stored {

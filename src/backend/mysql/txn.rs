@@ -294,6 +294,13 @@ impl WriteTxn for MysqlWrite {
         .await
     }
 
+    async fn clear(&mut self) -> BackendResult<()> {
+        for table in ["log", "kv", "lease", "settings", "alarm"] {
+            execute(self.session.conn(), &format!("DELETE FROM {table}"), ()).await?;
+        }
+        self.set_revisions(Revisions::EMPTY_STORE).await
+    }
+
     async fn commit(mut self) -> BackendResult<()> {
         self.session.end("COMMIT").await
     }

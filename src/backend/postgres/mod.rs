@@ -191,6 +191,19 @@ impl Backend for Postgres {
         size.in_use
     }
 
+    /// Plain VACUUM: marks dead row versions' space reusable and returns
+    /// empty pages at the end of each table to the file system, without the
+    /// exclusive lock of VACUUM FULL, so reads and writes go on. VACUUM
+    /// cannot run inside a transaction; the pooled connection is in none.
+    async fn defragment(&self) -> BackendResult<()> {
+        let client = self.pooled().await?;
+        client
+            .batch_execute("VACUUM log, kv, meta, settings, lease, alarm")
+            .await
+            .map_err(|e| db_error(&e))?;
+        Ok(())
+    }
+
     async fn changed(&self) {
         self.changes.notified().await
     }

@@ -314,6 +314,15 @@ impl WriteTxn for PostgresWrite {
         Ok(())
     }
 
+    async fn clear(&mut self) -> BackendResult<()> {
+        for table in ["log", "kv", "lease", "settings", "alarm"] {
+            self.conn
+                .query(&format!("DELETE FROM {table}"), &[])
+                .await?;
+        }
+        self.set_revisions(Revisions::EMPTY_STORE).await
+    }
+
     async fn commit(mut self) -> BackendResult<()> {
         if self.conn.failed {
             // Dropping self rolls back.

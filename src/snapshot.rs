@@ -1,0 +1,211 @@
+//! Snapshots and `cetera restore`.
+//!
+//! A snapshot is an SQLite database with cetera's schema holding the rows of
+//! one consistent view of the store (log, kv, meta, lease, and the identity
+//! settings), whatever the backend it was taken from. The Snapshot RPC
+//! streams that file followed by the SHA-256 of its bytes, as etcd does;
+//! SQLite files are whole pages, so their size is a multiple of 512 and the
+//! 32-byte trailer is recognisable by the size alone (etcd's rule).
+//!
+//! Both directions copy through the backend traits: a snapshot is a copy of
+//! the store into a fresh SQLite backend, a restore a copy of a snapshot
+//! file into the target backend.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use sha2::{Digest, Sha256};
+
+use crate::backend::mysql::Mysql;
+use crate::backend::postgres::Postgres;
+use crate::backend::sqlite::Sqlite;
+use crate::backend::{Backend, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
+use crate::config::{Config, Datastore};
+use crate::store::hash::LOG_PAGE_REVISIONS;
+
+/// Bytes of the SHA-256 trailer.
+pub const TRAILER_BYTES: u64 = 32;
+
+/// What a copy is for: it decides what happens to settings and lease deadlines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// Into a snapshot file: everything as it is.
+    Snapshot,
+    /// Into a datastore: a new identity, and leases restarted.
+    Restore,
+}
+
+/// Copies the store seen by `source` into the (empty) `target`, page by page.
+async fn copy<R: ReadTxn, W: WriteTxn>(
+    source: &mut R,
+    target: &mut W,
+    purpose: Purpose,
+) -> anyhow::Result<Revisions> {
+    let revisions = source.revisions().await?;
+    // Replaying the log in (revision, sub) order rebuilds the live-key table
+    // too: each live key's latest row survives compaction.
+    let mut from = 0;
+    while from < revisions.current {
+        let to = (from + LOG_PAGE_REVISIONS).min(revisions.current);
+        for entry in source.log_entries(from, to).await? {
+            target.append(&entry).await?;
+        }
+        from = to;
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    for mut lease in source.leases().await? {
+        if purpose == Purpose::Restore {
+            // As etcd does when a restored member becomes leader: every lease
+            // gets its full TTL again, rather than expiring at once because
+            // the snapshot is old.
+            lease.expires_at = now_ms + lease.ttl * 1000;
+        }
+        target.put_lease(&lease).await?;
+    }
+    if purpose == Purpose::Snapshot {
+        for name in [crate::store::CLUSTER, crate::store::MEMBER] {
+            if let Some(value) = source.setting(name).await? {
+                target.set_setting(name, value).await?;
+            }
+        }
+    }
+    target.set_revisions(revisions).await?;
+    Ok(revisions)
+}
+
+/// Writes one consistent view of `backend` to a new snapshot database at
+/// `path` (without the trailer).
+pub async fn write_database<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<()> {
+    let mut source = backend.read().await?;
+    let file = Sqlite::open(path)?;
+    file.prepare_bulk_load(true).await?;
+    let mut target = file.write().await?;
+    copy(&mut source, &mut target, Purpose::Snapshot).await?;
+    target.commit().await?;
+    drop(source);
+    file.finish_scratch().await?;
+    Ok(())
+}
+
+/// Checks a snapshot file's trailer, if it has one. Returns whether it had
+/// one. Files without (a bare database, size a multiple of 512) are accepted.
+pub fn verify(path: &Path) -> anyhow::Result<bool> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let size = file.metadata()?.len();
+    let mut magic = [0u8; 16];
+    file.read_exact(&mut magic)
+        .ok()
+        .filter(|_| &magic == b"SQLite format 3\0")
+        .with_context(|| {
+            format!(
+                "{} is not a cetera snapshot (not an SQLite database; etcd's own snapshots \
+                 are restored with etcdutl)",
+                path.display()
+            )
+        })?;
+    let data = match size % 512 {
+        0 => return Ok(false),
+        TRAILER_BYTES => size - TRAILER_BYTES,
+        _ => bail!(
+            "{} is not a whole snapshot: its size {size} is neither a multiple of 512 nor \
+             that plus a 32-byte checksum",
+            path.display()
+        ),
+    };
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let copied = std::io::copy(&mut (&mut file).take(data), &mut hasher)?;
+    if copied != data {
+        bail!("{} shrank while it was read", path.display());
+    }
+    let mut trailer = [0u8; TRAILER_BYTES as usize];
+    file.read_exact(&mut trailer)?;
+    if hasher.finalize().as_slice() != trailer {
+        bail!(
+            "{}: the SHA-256 checksum does not match; the snapshot is corrupt",
+            path.display()
+        );
+    }
+    Ok(true)
+}
+
+/// What a restore did.
+#[derive(Clone, Copy, Debug)]
+pub struct Restored {
+    /// The restored counters.
+    pub revisions: Revisions,
+    /// Whether the file had a checksum trailer (verified).
+    pub checksummed: bool,
+}
+
+/// Loads the snapshot at `file` into `backend`. Refuses a target with any
+/// data unless `force`, which replaces everything in it.
+pub async fn restore<B: Backend>(
+    file: &Path,
+    backend: &B,
+    force: bool,
+) -> anyhow::Result<Restored> {
+    let checksummed = verify(file)?;
+    let mut source = Sqlite::read_snapshot_file(file)
+        .with_context(|| format!("cannot read snapshot {}", file.display()))?;
+    let mut target = backend.write().await?;
+    if force {
+        target.clear().await?;
+    } else {
+        let current = target.revisions().await?;
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        let keys = target.count(&everything, ReadAt::Current).await?;
+        let leases = target.leases().await?.len();
+        if current != Revisions::EMPTY_STORE || keys > 0 || leases > 0 {
+            bail!(
+                "the target datastore is not empty (revision {}, {keys} keys, {leases} leases); \
+                 use --force to replace its contents",
+                current.current
+            );
+        }
+        // Drop the target's identity too: a restored store is a new cluster.
+        target.clear().await?;
+    }
+    let revisions = copy(&mut source, &mut target, Purpose::Restore).await?;
+    target.commit().await?;
+    Ok(Restored {
+        revisions,
+        checksummed,
+    })
+}
+
+/// `cetera restore FILE`: opens the datastore named by the flags and restores into it.
+pub async fn restore_command(config: &Config, file: &Path, force: bool) -> anyhow::Result<()> {
+    let restored = match Datastore::parse(&config.endpoint)? {
+        Datastore::Sqlite(path) => {
+            let backend = Sqlite::open(&path)?;
+            backend.prepare_bulk_load(false).await?;
+            restore(file, &backend, force).await?
+        }
+        Datastore::Postgres(url) => {
+            let backend = Postgres::connect(&url, &config.datastore_tls()).await?;
+            restore(file, &backend, force).await?
+        }
+        Datastore::Mysql(url) => {
+            let backend = Mysql::connect(&url, &config.datastore_tls()).await?;
+            restore(file, &backend, force).await?
+        }
+    };
+    if !restored.checksummed {
+        tracing::warn!("the snapshot has no SHA-256 trailer; restored without checking it");
+    }
+    tracing::info!(
+        revision = restored.revisions.current,
+        compact_revision = restored.revisions.compact,
+        "restored snapshot {}",
+        file.display()
+    );
+    Ok(())
+}
