@@ -40,6 +40,11 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
+        if request.get_ref().action == AlarmAction::Get as i32 {
+            self.info.auth.require_user(request.metadata())?;
+        } else {
+            self.info.auth.require_admin(request.metadata())?;
+        }
         // No alarm is ever raised yet, so listing and disarming both find none.
         match AlarmAction::try_from(request.into_inner().action) {
             Ok(AlarmAction::Get | AlarmAction::Deactivate) => Ok(Response::new(AlarmResponse {
@@ -52,7 +57,11 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         }
     }
 
-    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        self.info.auth.require_user(request.metadata())?;
         let size = self.store.size().await?;
         let revision = self.store.revisions().current;
         Ok(Response::new(StatusResponse {
@@ -72,18 +81,24 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
 
     async fn defragment(
         &self,
-        _: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: Defragment is not implemented yet",
         ))
     }
 
-    async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented("cetera: Hash is not implemented yet"))
     }
 
-    async fn hash_kv(&self, _: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: HashKV is not implemented yet",
         ))
@@ -93,8 +108,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
 
     async fn snapshot(
         &self,
-        _: Request<SnapshotRequest>,
+        request: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: Snapshot is not implemented yet",
         ))
@@ -102,8 +118,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
 
     async fn move_leader(
         &self,
-        _: Request<MoveLeaderRequest>,
+        request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: MoveLeader is not implemented yet",
         ))
@@ -111,8 +128,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
 
     async fn downgrade(
         &self,
-        _: Request<DowngradeRequest>,
+        request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: Downgrade is not implemented",
         ))

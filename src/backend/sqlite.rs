@@ -13,8 +13,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, ToSql, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::{
-    Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
-    WriteTxn,
+    AuthKind, Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn,
+    Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -343,6 +343,15 @@ fn query_setting(conn: &Connection, name: &str) -> rusqlite::Result<Option<i64>>
         .optional()
 }
 
+fn query_auth_records(
+    conn: &Connection,
+    kind: AuthKind,
+) -> rusqlite::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    conn.prepare_cached("SELECT name, record FROM auth WHERE kind = ?1 ORDER BY name")?
+        .query_map([kind.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect()
+}
+
 /// The read queries, shared by read and write transactions.
 macro_rules! impl_read_txn {
     ($ty:ty, $conn:ident => $get:expr) => {
@@ -404,6 +413,14 @@ macro_rules! impl_read_txn {
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
                 let $conn = self;
                 Ok(query_lease_keys($get, id)?)
+            }
+
+            async fn auth_records(
+                &mut self,
+                kind: AuthKind,
+            ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+                let $conn = self;
+                Ok(query_auth_records($get, kind)?)
             }
         }
     };
@@ -501,6 +518,25 @@ impl WriteTxn for SqliteWrite {
         self.conn
             .prepare_cached("DELETE FROM lease WHERE id = ?1")?
             .execute([id])?;
+        Ok(())
+    }
+
+    async fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO auth (kind, name, record) VALUES (?1, ?2, ?3)")?
+            .execute(params![kind.as_str(), name, record])?;
+        Ok(())
+    }
+
+    async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM auth WHERE kind = ?1 AND name = ?2")?
+            .execute(params![kind.as_str(), name])?;
         Ok(())
     }
 

@@ -7,12 +7,12 @@ use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
 use super::queries::{
-    execute, query_count, query_expired_leases, query_lease, query_lease_keys, query_leases,
-    query_log, query_range, query_revisions, query_setting,
+    execute, query_auth_records, query_count, query_expired_leases, query_lease, query_lease_keys,
+    query_leases, query_log, query_range, query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
 use crate::backend::{
-    BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -131,6 +131,13 @@ macro_rules! impl_read_txn {
 
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
                 query_lease_keys(self.session.conn(), id).await
+            }
+
+            async fn auth_records(
+                &mut self,
+                kind: AuthKind,
+            ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+                query_auth_records(self.session.conn(), kind).await
             }
         }
     };
@@ -270,6 +277,30 @@ impl WriteTxn for MysqlWrite {
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
         execute(self.session.conn(), "DELETE FROM lease WHERE id = ?", (id,)).await
+    }
+
+    async fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> BackendResult<()> {
+        execute(
+            self.session.conn(),
+            "INSERT INTO auth (kind, name, record) VALUES (?, ?, ?) \
+             ON DUPLICATE KEY UPDATE record = VALUES(record)",
+            (kind.as_str(), name, record),
+        )
+        .await
+    }
+
+    async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
+        execute(
+            self.session.conn(),
+            "DELETE FROM auth WHERE kind = ? AND name = ?",
+            (kind.as_str(), name),
+        )
+        .await
     }
 
     async fn commit(mut self) -> BackendResult<()> {

@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 
 use super::db_error;
 use crate::backend::{
-    BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -163,6 +163,10 @@ macro_rules! forward_reads {
         async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
             self.conn.lease_keys(id).await
         }
+
+        async fn auth_records(&mut self, kind: AuthKind) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+            self.conn.auth_records(kind).await
+        }
     };
 }
 
@@ -286,6 +290,32 @@ impl WriteTxn for PostgresWrite {
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
         self.conn
             .query("DELETE FROM lease WHERE id = $1", &[&id])
+            .await?;
+        Ok(())
+    }
+
+    async fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> BackendResult<()> {
+        self.conn
+            .query(
+                "INSERT INTO auth (kind, name, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (kind, name) DO UPDATE SET record = EXCLUDED.record",
+                &[&kind.as_str(), &name, &record],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
+        self.conn
+            .query(
+                "DELETE FROM auth WHERE kind = $1 AND name = $2",
+                &[&kind.as_str(), &name],
+            )
             .await?;
         Ok(())
     }
