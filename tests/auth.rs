@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use cetera::proto::etcdserverpb::auth_client::AuthClient;
 use cetera::proto::etcdserverpb::kv_client::KvClient;
+use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::request_op::Request as Op;
 use cetera::proto::etcdserverpb::{
-    AuthStatusRequest, AuthenticateRequest, CompactionRequest, PutRequest, RangeRequest, RequestOp,
-    TxnRequest, WatchCreateRequest,
+    AuthStatusRequest, AuthenticateRequest, CompactionRequest, LeaseGrantRequest,
+    LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
+    RequestOp, TxnRequest, WatchCreateRequest,
 };
 use common::{Cetera, Etcd};
 use etcd_client::{Client, ConnectOptions, GetOptions, Permission};
@@ -432,6 +434,99 @@ async fn etcd_client_auth_and_later_35_rules() {
     });
     let refused = watch.recv(Duration::from_secs(5)).await.unwrap();
     assert!(refused.canceled, "{refused:?}");
+
+    // Leases: a lease with a key alice cannot write is root's to revoke;
+    // alice may not list its keys, nor list leases, and anyone must log in.
+    let mut lease = LeaseClient::new(common::channel(&cetera.endpoint()).await);
+    assert_eq!(
+        error_text(
+            lease
+                .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+                .await
+        ),
+        "InvalidArgument: etcdserver: user name is empty"
+    );
+    let id = lease
+        .lease_grant(with_token(
+            LeaseGrantRequest { ttl: 60, id: 0 },
+            &root_token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    kv.put(with_token(
+        PutRequest {
+            key: b"zzz".to_vec(),
+            lease: id,
+            ..Default::default()
+        },
+        &root_token,
+    ))
+    .await
+    .unwrap();
+    let denied = "PermissionDenied: etcdserver: permission denied";
+    assert_eq!(
+        error_text(
+            lease
+                .lease_time_to_live(with_token(
+                    LeaseTimeToLiveRequest { id, keys: true },
+                    &alice_token
+                ))
+                .await
+        ),
+        denied
+    );
+    assert_eq!(
+        error_text(
+            lease
+                .lease_time_to_live(with_token(
+                    LeaseTimeToLiveRequest { id, keys: false },
+                    &alice_token
+                ))
+                .await
+        ),
+        "ok"
+    );
+    assert_eq!(
+        error_text(
+            lease
+                .lease_leases(with_token(LeaseLeasesRequest {}, &alice_token))
+                .await
+        ),
+        denied
+    );
+    assert_eq!(
+        error_text(
+            lease
+                .lease_revoke(with_token(LeaseRevokeRequest { id }, &alice_token))
+                .await
+        ),
+        denied
+    );
+    // Attaching that lease to a key alice may write is refused too.
+    assert_eq!(
+        error_text(
+            kv.put(with_token(
+                PutRequest {
+                    key: b"a/leased".to_vec(),
+                    lease: id,
+                    ..Default::default()
+                },
+                &alice_token,
+            ))
+            .await
+        ),
+        denied
+    );
+    assert_eq!(
+        error_text(
+            lease
+                .lease_revoke(with_token(LeaseRevokeRequest { id }, &root_token))
+                .await
+        ),
+        "ok"
+    );
 }
 
 /// Two instances on one database: users, roles and enabling made on one are

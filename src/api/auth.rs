@@ -99,7 +99,6 @@ impl<B: Backend> AuthRpc for AuthService<B> {
                 &metadata,
                 req.name,
                 req.password,
-                req.hashed_password,
                 req.options,
             )
             .await?;
@@ -150,13 +149,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .user_change_password(
-                self.backend(),
-                &metadata,
-                &req.name,
-                req.password,
-                req.hashed_password,
-            )
+            .user_change_password(self.backend(), &metadata, &req.name, req.password)
             .await?;
         Ok(Response::new(AuthUserChangePasswordResponse {
             header: self.header(),

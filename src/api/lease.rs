@@ -109,7 +109,10 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        self.info.auth.require_user(request.metadata())?;
+        self.info
+            .auth
+            .authorize_lease_leases(request.metadata(), &self.store)
+            .await?;
         let mut resp = self.store.leases().await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))

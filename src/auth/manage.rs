@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
 use prost::Message;
 use tonic::{Code, Status};
 
@@ -142,26 +141,15 @@ enum Outcome {
     NewRevision,
 }
 
-fn hash_password(password: &str, hashed: &str, cost: u32) -> Result<Vec<u8>, Status> {
-    if !hashed.is_empty() {
-        // A client may send the bcrypt hash itself, base64-encoded (etcd 3.5).
-        return base64::engine::general_purpose::STANDARD
-            .decode(hashed)
-            .map_err(|_| AuthError::NoPasswordUser.into());
-    }
-    bcrypt::hash(password, cost)
-        .map(String::into_bytes)
-        .map_err(|e| Status::new(Code::Unknown, e.to_string()))
-}
-
-async fn hash_password_blocking(
-    password: String,
-    hashed: String,
-    cost: u32,
-) -> Result<Vec<u8>, Status> {
-    tokio::task::spawn_blocking(move || hash_password(&password, &hashed, cost))
+/// The bcrypt hash of `password`, computed off the async threads. Like etcd
+/// 3.5's server, this always hashes `password`: a client's hashedPassword is
+/// replaced, never trusted.
+async fn hash_password(password: String, cost: u32) -> Result<Vec<u8>, Status> {
+    tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
         .await
         .map_err(|e| Status::new(Code::Unknown, e.to_string()))?
+        .map(String::into_bytes)
+        .map_err(|e| Status::new(Code::Unknown, e.to_string()))
 }
 
 impl Auth {
@@ -300,7 +288,6 @@ impl Auth {
         metadata: &tonic::metadata::MetadataMap,
         name: String,
         password: String,
-        hashed_password: String,
         options: Option<UserAddOptions>,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
@@ -311,7 +298,7 @@ impl Auth {
         let password = if options.no_password {
             Vec::new()
         } else {
-            hash_password_blocking(password, hashed_password, self.options.bcrypt_cost).await?
+            hash_password(password, self.options.bcrypt_cost).await?
         };
         self.change(backend, |r| {
             if r.users.contains_key(&name) {
@@ -384,7 +371,6 @@ impl Auth {
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
         password: String,
-        hashed_password: String,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
         let existing = self.state().users.get(name).cloned();
@@ -395,7 +381,7 @@ impl Auth {
         let hash = if existing.is_none() || no_password {
             Vec::new()
         } else {
-            hash_password_blocking(password, hashed_password, self.options.bcrypt_cost).await?
+            hash_password(password, self.options.bcrypt_cost).await?
         };
         self.change(backend, |r| {
             let user = r.users.get_mut(name).ok_or(AuthError::UserNotFound)?;

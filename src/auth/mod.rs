@@ -443,6 +443,25 @@ impl Auth {
         Ok(())
     }
 
+    /// LeaseLeases needs a user, and read on the keys of every lease unless
+    /// the caller is an admin (etcd 3.5's checkLeaseLeases).
+    pub async fn authorize_lease_leases<B: Backend>(
+        &self,
+        metadata: &MetadataMap,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let caller = self.require_user(metadata)?;
+        let state = self.state();
+        if state.admin_permitted(caller.user()).is_ok() {
+            return Ok(());
+        }
+        for lease in store.leases().await?.leases {
+            self.check_lease_keys(&caller, lease.id, Access::Read, store)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// The reason a watch on `[key, range_end)` is refused, if it is: the
     /// text of the gRPC error, as etcd puts it in cancel_reason. The range is
     /// checked as the client sent it ("\0" means every key from `key` on).
