@@ -21,36 +21,52 @@ const REVISION_SETTING: &str = "auth_revision";
 /// etcd's auth errors, with their gRPC codes and messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
+    /// `etcdserver: root user does not exist`
     #[error("etcdserver: root user does not exist")]
     RootUserNotExist,
+    /// `etcdserver: root user does not have root role`
     #[error("etcdserver: root user does not have root role")]
     RootRoleNotExist,
+    /// `etcdserver: user name already exists`
     #[error("etcdserver: user name already exists")]
     UserAlreadyExist,
+    /// `etcdserver: user name is empty`
     #[error("etcdserver: user name is empty")]
     UserEmpty,
+    /// `etcdserver: user name not found`
     #[error("etcdserver: user name not found")]
     UserNotFound,
+    /// `etcdserver: role name already exists`
     #[error("etcdserver: role name already exists")]
     RoleAlreadyExist,
+    /// `etcdserver: role name not found`
     #[error("etcdserver: role name not found")]
     RoleNotFound,
+    /// `etcdserver: role name is empty`
     #[error("etcdserver: role name is empty")]
     RoleEmpty,
+    /// `etcdserver: authentication failed, invalid user ID or password`
     #[error("etcdserver: authentication failed, invalid user ID or password")]
     AuthFailed,
+    /// `etcdserver: permission not given`
     #[error("etcdserver: permission not given")]
     PermissionNotGiven,
+    /// `etcdserver: permission denied`
     #[error("etcdserver: permission denied")]
     PermissionDenied,
+    /// `etcdserver: role is not granted to the user`
     #[error("etcdserver: role is not granted to the user")]
     RoleNotGranted,
+    /// `etcdserver: permission is not granted to the role`
     #[error("etcdserver: permission is not granted to the role")]
     PermissionNotGranted,
+    /// `etcdserver: authentication is not enabled`
     #[error("etcdserver: authentication is not enabled")]
     AuthNotEnabled,
+    /// `etcdserver: invalid auth token`
     #[error("etcdserver: invalid auth token")]
     InvalidAuthToken,
+    /// `etcdserver: invalid auth management`
     #[error("etcdserver: invalid auth management")]
     InvalidAuthMgmt,
     /// etcd has no gRPC mapping for this one, so it reaches clients as
@@ -373,23 +389,11 @@ impl Auth {
         password: String,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        let existing = self.state().users.get(name).cloned();
-        let no_password = existing
-            .as_ref()
-            .and_then(|u| u.options.as_ref())
-            .is_some_and(|o| o.no_password);
-        let hash = if existing.is_none() || no_password {
-            Vec::new()
-        } else {
-            hash_password(password, self.options.bcrypt_cost).await?
-        };
+        // Hashed before the user is looked up, as etcd's server does.
+        let hash = hash_password(password, self.options.bcrypt_cost).await?;
         self.change(backend, |r| {
             let user = r.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
             if !user.options.as_ref().is_some_and(|o| o.no_password) {
-                if hash.is_empty() {
-                    // Became a password user meanwhile: hash again next time.
-                    return Err(AuthError::UserNotFound);
-                }
                 user.password = hash;
             }
             Ok(Outcome::NewRevision)

@@ -41,6 +41,9 @@ pub const ROOT_USER: &str = "root";
 /// The role that grants everything, including administration.
 pub const ROOT_ROLE: &str = "root";
 
+/// Longest time another instance's auth change can go unnoticed.
+const REFRESH_FALLBACK: Duration = Duration::from_secs(2);
+
 /// etcd's default bcrypt cost (`--bcrypt-cost`).
 pub const BCRYPT_COST: u32 = 10;
 
@@ -238,7 +241,14 @@ impl Auth {
         let auth = Arc::downgrade(auth);
         tokio::spawn(async move {
             loop {
-                backend.changed().await;
+                // A wake-up can be missed while a reload runs (the backend's
+                // signal wakes only current waiters), so look every few
+                // seconds even without one; SQLite never signals, but only
+                // this instance writes it.
+                tokio::select! {
+                    _ = backend.changed() => {}
+                    _ = tokio::time::sleep(REFRESH_FALLBACK) => {}
+                }
                 let Some(auth) = auth.upgrade() else { return };
                 if let Err(error) = auth.refresh(&*backend).await {
                     tracing::warn!("cannot re-read the auth state: {error:#}");
