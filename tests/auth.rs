@@ -14,13 +14,14 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cetera::proto::etcdserverpb::auth_client::AuthClient;
+use cetera::proto::etcdserverpb::cluster_client::ClusterClient;
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::request_op::Request as Op;
 use cetera::proto::etcdserverpb::{
     AuthStatusRequest, AuthenticateRequest, CompactionRequest, LeaseGrantRequest,
-    LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
-    RequestOp, TxnRequest, WatchCreateRequest,
+    LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, MemberAddRequest, PutRequest,
+    RangeRequest, RequestOp, TxnRequest, WatchCreateRequest,
 };
 use common::{Cetera, Etcd};
 use etcd_client::{Client, ConnectOptions, GetOptions, Permission};
@@ -434,6 +435,17 @@ async fn etcd_client_auth_and_later_35_rules() {
     });
     let refused = watch.recv(Duration::from_secs(5)).await.unwrap();
     assert!(refused.canceled, "{refused:?}");
+
+    // Membership changes are for admins, before anything else is looked at.
+    let mut cluster = ClusterClient::new(common::channel(&cetera.endpoint()).await);
+    assert_eq!(
+        error_text(
+            cluster
+                .member_add(with_token(MemberAddRequest::default(), &alice_token))
+                .await
+        ),
+        "PermissionDenied: etcdserver: permission denied"
+    );
 
     // Leases: a lease with a key alice cannot write is root's to revoke;
     // alice may not list its keys, nor list leases, and anyone must log in.
