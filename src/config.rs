@@ -101,6 +101,19 @@ pub struct Config {
     #[arg(long, env = "CETERA_AUTO_COMPACTION_REVISION_INTERVAL", default_value = "5m", value_parser = parse_interval)]
     pub auto_compaction_revision_interval: std::time::Duration,
 
+    /// Auth token type: only etcd's `simple` tokens are supported.
+    #[arg(long, env = "CETERA_AUTH_TOKEN", default_value = "simple", value_parser = parse_auth_token)]
+    pub auth_token: String,
+
+    /// Seconds an unused simple auth token stays valid (etcd's --auth-token-ttl).
+    #[arg(long, env = "CETERA_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+
+    /// bcrypt cost of stored password hashes (etcd's --bcrypt-cost).
+    #[arg(long, env = "CETERA_BCRYPT_COST", default_value_t = crate::auth::BCRYPT_COST,
+          value_parser = clap::value_parser!(u32).range(4..=31))]
+    pub bcrypt_cost: u32,
+
     /// Log line format.
     #[arg(long, env = "CETERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
@@ -172,6 +185,18 @@ pub enum AutoCompactionMode {
     Periodic,
     /// A number of revisions to keep.
     Revision,
+}
+
+/// etcd's --auth-token: `simple` (options after a comma are accepted and
+/// ignored, as etcd ignores them for simple tokens); JWT is not supported.
+fn parse_auth_token(text: &str) -> Result<String, String> {
+    match text.split(',').next().unwrap_or_default() {
+        "simple" => Ok(text.to_string()),
+        "jwt" => Err("JWT auth tokens are not supported; use simple".to_string()),
+        other => Err(format!(
+            "unknown auth token type {other:?}; expected simple"
+        )),
+    }
 }
 
 /// How log lines are written.

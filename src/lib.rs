@@ -5,6 +5,7 @@
 //! `backend` (one module per SQL dialect). `server` wires them together.
 
 pub mod api;
+pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod metrics;

@@ -522,7 +522,11 @@ async fn maintenance_and_cluster_for_etcdctl() {
 async fn unimplemented_services_say_so() {
     let server = Cetera::start().await;
     let mut c = client(&server).await;
-    let err = c.user_list().await.unwrap_err();
+    // Auth is implemented now (tests/auth.rs); member changes need the replicated mode.
+    let err = c
+        .member_add(["http://127.0.0.1:2380"], None)
+        .await
+        .unwrap_err();
     match err {
         etcd_client::Error::GRpcStatus(s) => assert_eq!(s.code(), tonic::Code::Unimplemented),
         other => panic!("unexpected error {other:?}"),

@@ -34,22 +34,28 @@ fn needs_replication() -> Status {
 impl Cluster for ClusterService {
     async fn member_add(
         &self,
-        _: Request<MemberAddRequest>,
+        request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        // Membership changes are for admins (etcd's checkMembershipOperationPermission).
+        self.info.auth.require_admin(request.metadata())?;
         Err(needs_replication())
     }
 
     async fn member_remove(
         &self,
-        _: Request<MemberRemoveRequest>,
+        request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        // Membership changes are for admins (etcd's checkMembershipOperationPermission).
+        self.info.auth.require_admin(request.metadata())?;
         Err(needs_replication())
     }
 
     async fn member_update(
         &self,
-        _: Request<MemberUpdateRequest>,
+        request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        // Membership changes are for admins (etcd's checkMembershipOperationPermission).
+        self.info.auth.require_admin(request.metadata())?;
         Err(needs_replication())
     }
 
@@ -73,8 +79,10 @@ impl Cluster for ClusterService {
 
     async fn member_promote(
         &self,
-        _: Request<MemberPromoteRequest>,
+        request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        // Membership changes are for admins (etcd's checkMembershipOperationPermission).
+        self.info.auth.require_admin(request.metadata())?;
         Err(needs_replication())
     }
 }

@@ -56,17 +56,22 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         check_range(&req)?;
+        self.info.auth.authorize_range(&metadata, &req)?;
         let mut resp = self.store.range(&req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         check_put(&req)?;
         self.check_size(&req)?;
+        self.info
+            .auth
+            .authorize_put(&metadata, &req, &self.store)
+            .await?;
         let mut resp = self.store.put(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -76,20 +81,25 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         check_delete(&req)?;
         self.check_size(&req)?;
+        self.info.auth.authorize_delete(&metadata, &req)?;
         let mut resp = self.store.delete_range(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         check_txn(&req, self.info.max_txn_ops)?;
         check_duplicates(&req.success)?;
         check_duplicates(&req.failure)?;
         self.check_size(&req)?;
+        self.info
+            .auth
+            .authorize_txn(&metadata, &req, &self.store)
+            .await?;
         let mut resp = self.store.txn(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -99,6 +109,7 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         let req = request.into_inner();
         self.check_size(&req)?;
         let mut resp = self.store.compact(&req).await?;

@@ -43,6 +43,7 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
+        self.info.auth.require_user(request.metadata())?;
         let mut resp = self.store.lease_grant(request.into_inner()).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -52,7 +53,12 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let mut resp = self.store.lease_revoke(request.into_inner().id).await?;
+        let (metadata, _, req) = request.into_parts();
+        self.info
+            .auth
+            .authorize_lease_revoke(&metadata, req.id, &self.store)
+            .await?;
+        let mut resp = self.store.lease_revoke(req.id).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
@@ -65,11 +71,18 @@ impl<B: Backend> Lease for LeaseService<B> {
     ) -> Result<Response<KeepAliveStream>, Status> {
         let store = self.store.clone();
         let info = self.info.clone();
+        let (metadata, _, requests) = request.into_parts();
+        let metadata = Arc::new(metadata);
         // Answered one at a time, in order; the stream ends with the client's side.
-        let responses = request.into_inner().map_while(Result::ok).then(move |req| {
+        let responses = requests.map_while(Result::ok).then(move |req| {
             let store = store.clone();
             let info = info.clone();
+            let metadata = metadata.clone();
             async move {
+                // A keep-alive needs what a revoke needs (etcd's checkLeaseRenew).
+                info.auth
+                    .authorize_lease_revoke(&metadata, req.id, &store)
+                    .await?;
                 let mut resp = store.lease_keep_alive(req.id).await?;
                 info.fill(&mut resp.header, store.revisions().current);
                 Ok(resp)
@@ -82,15 +95,24 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let mut resp = self.store.lease_time_to_live(&request.into_inner()).await?;
+        let (metadata, _, req) = request.into_parts();
+        self.info
+            .auth
+            .authorize_lease_time_to_live(&metadata, req.id, req.keys, &self.store)
+            .await?;
+        let mut resp = self.store.lease_time_to_live(&req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
 
     async fn lease_leases(
         &self,
-        _: Request<LeaseLeasesRequest>,
+        request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.info
+            .auth
+            .authorize_lease_leases(request.metadata(), &self.store)
+            .await?;
         let mut resp = self.store.leases().await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))

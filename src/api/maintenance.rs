@@ -101,6 +101,11 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
+        if request.get_ref().action == AlarmAction::Get as i32 {
+            self.info.auth.require_user(request.metadata())?;
+        } else {
+            self.info.auth.require_admin(request.metadata())?;
+        }
         let request = request.into_inner();
         let alarms = match AlarmAction::try_from(request.action) {
             Ok(AlarmAction::Get) => self.store.alarms(request.alarm).await?,
@@ -123,7 +128,11 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         }))
     }
 
-    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        self.info.auth.require_user(request.metadata())?;
         let size = self.store.size().await?;
         let revision = self.store.revisions().current;
         // etcd lists each raised alarm in the protobuf text form of its AlarmMember.
@@ -159,13 +168,15 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
     /// the space is given back.
     async fn defragment(
         &self,
-        _: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         self.store.defragment().await?;
         Ok(Response::new(DefragmentResponse { header: None }))
     }
 
-    async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         let (hash, revision) = self.store.hash().await?;
         Ok(Response::new(HashResponse {
             header: self.info.header(revision),
@@ -177,6 +188,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         let hashed = self.store.hash_kv(request.into_inner().revision).await?;
         Ok(Response::new(HashKvResponse {
             header: self.info.header(hashed.current),
@@ -192,8 +204,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
     /// `remaining_bytes`, and last the SHA-256 of everything sent, as etcd does.
     async fn snapshot(
         &self,
-        _: Request<SnapshotRequest>,
+        request: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         let dir = tempfile::Builder::new()
             .prefix("cetera-snapshot-")
             .tempdir()
@@ -230,8 +243,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
 
     async fn move_leader(
         &self,
-        _: Request<MoveLeaderRequest>,
+        request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: MoveLeader is not implemented yet",
         ))
@@ -239,8 +253,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
 
     async fn downgrade(
         &self,
-        _: Request<DowngradeRequest>,
+        request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
+        self.info.auth.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: Downgrade is not implemented",
         ))

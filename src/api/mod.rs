@@ -3,11 +3,14 @@
 //! into etcd's exact gRPC codes and messages; the etcd semantics live in
 //! `crate::store`.
 
+pub mod auth;
 pub mod cluster;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
 pub mod watch;
+
+use std::sync::Arc;
 
 use tonic::{Code, Status};
 
@@ -32,6 +35,8 @@ pub struct ServerInfo {
     pub name: String,
     /// Client URLs reported by MemberList.
     pub client_urls: Vec<String>,
+    /// Users, roles, tokens and the permission checks.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 impl ServerInfo {

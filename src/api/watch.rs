@@ -55,10 +55,15 @@ impl<B: Backend> Watch for WatchService<B> {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
+        let (metadata, _, requests) = request.into_parts();
         // A broken request stream ends the session like a closed one.
-        let requests = request.into_inner().map_while(Result::ok);
+        let requests = requests.map_while(Result::ok);
         let (out, responses) = mpsc::channel(OUTBOUND_RESPONSES);
-        let session = WatchSession::new(self.store.clone(), out, self.options);
+        let auth = self.info.auth.clone();
+        let session =
+            WatchSession::new(self.store.clone(), out, self.options).with_create_check(Box::new(
+                move |key, range_end| auth.watch_refusal(&auth.caller(&metadata), key, range_end),
+            ));
         let stream_counted = GaugeGuard::new(&metrics().watch_streams);
         let run = session.run(Box::pin(requests), self.stop.clone());
         tokio::spawn(async move {

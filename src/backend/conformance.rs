@@ -14,6 +14,59 @@ use crate::proto::etcdserverpb::{
 use crate::proto::mvccpb::event::EventType;
 use crate::store::{Store, StoreError};
 
+/// Auth records: kept per kind, listed by name bytewise, replaced in place,
+/// removed, and invisible until their transaction commits.
+pub async fn auth_records_are_stored_replaced_and_removed<B: Backend>(t: TestStore<B>) {
+    use crate::backend::{AuthKind, WriteTxn};
+    let backend = t.store.database();
+    let records = |kind| async move {
+        let mut txn = backend.read().await.unwrap();
+        txn.auth_records(kind).await.unwrap()
+    };
+    assert!(records(AuthKind::User).await.is_empty());
+
+    let mut txn = backend.write().await.unwrap();
+    txn.put_auth_record(AuthKind::User, b"root", b"r1")
+        .await
+        .unwrap();
+    txn.put_auth_record(AuthKind::User, b"Zed", b"z1")
+        .await
+        .unwrap();
+    txn.put_auth_record(AuthKind::Role, b"root", b"role")
+        .await
+        .unwrap();
+    assert_eq!(txn.auth_records(AuthKind::User).await.unwrap().len(), 2);
+    assert!(records(AuthKind::User).await.is_empty(), "uncommitted");
+    txn.commit().await.unwrap();
+
+    let mut txn = backend.write().await.unwrap();
+    txn.put_auth_record(AuthKind::User, b"root", b"r2")
+        .await
+        .unwrap();
+    txn.remove_auth_record(AuthKind::User, b"Zed")
+        .await
+        .unwrap();
+    txn.remove_auth_record(AuthKind::User, b"nobody")
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(
+        records(AuthKind::User).await,
+        vec![(b"root".to_vec(), b"r2".to_vec())]
+    );
+    assert_eq!(
+        records(AuthKind::Role).await,
+        vec![(b"root".to_vec(), b"role".to_vec())]
+    );
+    // A rolled-back change leaves nothing behind.
+    let mut txn = backend.write().await.unwrap();
+    txn.put_auth_record(AuthKind::Role, b"a", b"x")
+        .await
+        .unwrap();
+    drop(txn);
+    assert_eq!(records(AuthKind::Role).await.len(), 1);
+}
+
 /// A store on a fresh database, and whatever keeps that database alive.
 pub struct TestStore<B: Backend> {
     /// The store under test.
@@ -660,6 +713,11 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn snapshot_restores_into_sqlite_with_equal_hashes() {
             $crate::backend::conformance::snapshot_restores_into_sqlite_with_equal_hashes($open().await).await
+
+        }
+        #[tokio::test]
+        async fn auth_records_are_stored_replaced_and_removed() {
+            $crate::backend::conformance::auth_records_are_stored_replaced_and_removed($open().await).await
         }
     };
 }

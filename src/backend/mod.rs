@@ -114,6 +114,26 @@ pub struct AlarmRow {
     pub alarm: i32,
 }
 
+/// The two kinds of auth records (table `auth`): the backend stores them as
+/// opaque bytes (etcd's authpb encoding), keyed by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthKind {
+    /// An `authpb.User`.
+    User,
+    /// An `authpb.Role`.
+    Role,
+}
+
+impl AuthKind {
+    /// The value of the `kind` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthKind::User => "user",
+            AuthKind::Role => "role",
+        }
+    }
+}
+
 /// A consistent, read-only view of the database.
 pub trait ReadTxn: Send {
     /// The counters as of this view.
@@ -164,6 +184,12 @@ pub trait ReadTxn: Send {
 
     /// Every raised alarm, by member id and then alarm type.
     fn alarms(&mut self) -> impl Future<Output = BackendResult<Vec<AlarmRow>>> + Send;
+
+    /// Every stored auth record of `kind` as (name, encoded record), ascending by name.
+    fn auth_records(
+        &mut self,
+        kind: AuthKind,
+    ) -> impl Future<Output = BackendResult<Vec<(Vec<u8>, Vec<u8>)>>> + Send;
 }
 
 /// A write transaction: nothing is visible to readers until `commit`.
@@ -208,6 +234,21 @@ pub trait WriteTxn: ReadTxn {
     /// Empties the store: no log rows, keys, leases, settings or alarms, and the
     /// counters of a new store (revision 1, never compacted). For restore.
     fn clear(&mut self) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Stores (inserts or replaces) the auth record `name` of `kind`.
+    fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Removes the auth record `name` of `kind`, if present.
+    fn remove_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+    ) -> impl Future<Output = BackendResult<()>> + Send;
 
     /// Makes every change durable and visible.
     fn commit(self) -> impl Future<Output = BackendResult<()>> + Send;

@@ -13,8 +13,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, ToSql, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::{
-    AlarmRow, Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn,
-    Revisions, WriteTxn,
+    AlarmRow, AuthKind, Backend, BackendResult, DatabaseSize, KeyRange, LeaseRow, LogEntry, ReadAt,
+    ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -456,6 +456,15 @@ fn query_setting(conn: &Connection, name: &str) -> rusqlite::Result<Option<i64>>
         .optional()
 }
 
+fn query_auth_records(
+    conn: &Connection,
+    kind: AuthKind,
+) -> rusqlite::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    conn.prepare_cached("SELECT name, record FROM auth WHERE kind = ?1 ORDER BY name")?
+        .query_map([kind.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect()
+}
+
 /// The read queries, shared by read and write transactions.
 macro_rules! impl_read_txn {
     ($ty:ty, $conn:ident => $get:expr) => {
@@ -522,6 +531,14 @@ macro_rules! impl_read_txn {
             async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
                 let $conn = self;
                 Ok(query_alarms($get)?)
+            }
+
+            async fn auth_records(
+                &mut self,
+                kind: AuthKind,
+            ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+                let $conn = self;
+                Ok(query_auth_records($get, kind)?)
             }
         }
     };
@@ -641,6 +658,25 @@ impl WriteTxn for SqliteWrite {
             "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm;",
         )?;
         self.set_revisions(Revisions::EMPTY_STORE).await
+    }
+
+    async fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO auth (kind, name, record) VALUES (?1, ?2, ?3)")?
+            .execute(params![kind.as_str(), name, record])?;
+        Ok(())
+    }
+
+    async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM auth WHERE kind = ?1 AND name = ?2")?
+            .execute(params![kind.as_str(), name])?;
+        Ok(())
     }
 
     async fn commit(mut self) -> BackendResult<()> {

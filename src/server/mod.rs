@@ -12,16 +12,19 @@ use tonic::transport::Server;
 
 use self::authority::AuthorityRepair;
 use crate::api::ServerInfo;
+use crate::api::auth::AuthService;
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
+use crate::auth::{Auth, AuthOptions};
 use crate::backend::Backend;
 use crate::backend::mysql::Mysql;
 use crate::backend::postgres::Postgres;
 use crate::backend::sqlite::Sqlite;
 use crate::config::{Config, Datastore};
+use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
@@ -131,6 +134,17 @@ async fn serve<B: Backend>(
     if let Some(readiness) = &serving.readiness {
         readiness.store_opened(store.clone());
     }
+    let auth = Arc::new(
+        Auth::open(
+            store.database(),
+            AuthOptions {
+                token_ttl: std::time::Duration::from_secs(config.auth_token_ttl),
+                bcrypt_cost: config.bcrypt_cost,
+            },
+        )
+        .await?,
+    );
+    let auth_follower = Auth::follow(&auth, store.shared_database());
     let info = Arc::new(ServerInfo {
         identity: store.identity(),
         max_request_bytes: config.max_request_bytes,
@@ -138,6 +152,7 @@ async fn serve<B: Backend>(
         version: config.emulated_etcd_version.clone(),
         name: config.name.clone(),
         client_urls: config.client_urls(),
+        auth,
     });
     let max_message = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
     // Streams never end by themselves: shutdown ends them so that the
@@ -190,6 +205,10 @@ async fn serve<B: Backend>(
         .add_service(
             ClusterServer::new(ClusterService::new(info.clone()))
                 .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            AuthServer::new(AuthService::new(store.clone(), info.clone()))
+                .max_decoding_message_size(max_message),
         );
     match serving.tls {
         Some(tls) => {
@@ -208,6 +227,7 @@ async fn serve<B: Backend>(
         readiness.stopping();
     }
 
+    auth_follower.abort();
     tracing::info!("stopped serving; finishing queued writes");
     match Arc::try_unwrap(store) {
         Ok(store) => store.shutdown().await,

@@ -138,6 +138,17 @@ impl<B: Backend> Store<B> {
         &self.backend
     }
 
+    /// The database under the store, for the records kept beside the keys
+    /// (auth users and roles).
+    pub fn database(&self) -> &B {
+        &self.backend
+    }
+
+    /// A shared handle on the database, for background tasks.
+    pub fn shared_database(&self) -> Arc<B> {
+        self.backend.clone()
+    }
+
     /// The hub that tells watchers about new revisions.
     pub fn hub(&self) -> &WatchHub {
         self.publisher.hub()

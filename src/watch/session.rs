@@ -94,7 +94,12 @@ pub struct WatchSession<B: Backend> {
     latest: watch::Receiver<i64>,
     watchers: BTreeMap<i64, Watcher>,
     next_id: i64,
+    create_check: Option<CreateCheck>,
 }
+
+/// Decides whether a watch on `(key, range_end)`, as the client sent them,
+/// may be created: `Some(reason)` refuses it with that cancel reason.
+pub type CreateCheck = Box<dyn Fn(&[u8], &[u8]) -> Option<String> + Send + Sync>;
 
 impl<B: Backend> WatchSession<B> {
     /// A session that writes its responses to `out`.
@@ -111,7 +116,14 @@ impl<B: Backend> WatchSession<B> {
             latest,
             watchers: BTreeMap::new(),
             next_id: 0,
+            create_check: None,
         }
+    }
+
+    /// Runs `check` before creating each watcher (the permission check).
+    pub fn with_create_check(mut self, check: CreateCheck) -> Self {
+        self.create_check = Some(check);
+        self
     }
 
     /// Serves `requests` until the client closes its side or stops reading,
@@ -178,6 +190,13 @@ impl<B: Backend> WatchSession<B> {
                 r.cancel_reason = reason.to_string();
             })
         };
+        if let Some(reason) = self
+            .create_check
+            .as_ref()
+            .and_then(|check| check(&key, &create.range_end))
+        {
+            return self.send(refuse(&reason)).await;
+        }
         if range.is_empty() {
             return self.send(refuse(EMPTY_RANGE)).await;
         }

@@ -592,6 +592,23 @@ impl WatchStream {
     /// Opens a stream on `channel`. With `has_leader`, sends the `hasleader=true` metadata
     /// that the Kubernetes apiserver (through clientv3's `WithRequireLeader`) attaches.
     pub fn open(channel: tonic::transport::Channel, has_leader: bool) -> WatchStream {
+        let metadata = if has_leader {
+            vec![("hasleader", "true".to_string())]
+        } else {
+            Vec::new()
+        };
+        WatchStream::open_with_metadata(channel, metadata)
+    }
+
+    /// Opens a stream that carries an auth token (the `token` metadata).
+    pub fn open_with_token(channel: tonic::transport::Channel, token: &str) -> WatchStream {
+        WatchStream::open_with_metadata(channel, vec![("token", token.to_string())])
+    }
+
+    fn open_with_metadata(
+        channel: tonic::transport::Channel,
+        metadata: Vec<(&'static str, String)>,
+    ) -> WatchStream {
         let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
         let (tx, responses) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
@@ -601,10 +618,10 @@ impl WatchStream {
                 .max_decoding_message_size(i32::MAX as usize);
             let mut request =
                 tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-            if has_leader {
+            for (name, value) in metadata {
                 request
                     .metadata_mut()
-                    .insert("hasleader", "true".parse().expect("ascii metadata"));
+                    .insert(name, value.parse().expect("ascii metadata"));
             }
             let mut stream = match client.watch(request).await {
                 Ok(response) => response.into_inner(),

@@ -245,3 +245,15 @@ pub(super) async fn query_lease_keys(conn: &mut Conn, id: i64) -> BackendResult<
     .await?;
     Ok(rows.into_iter().map(kv_from_row).collect())
 }
+
+pub(super) async fn query_auth_records(
+    conn: &mut Conn,
+    kind: crate::backend::AuthKind,
+) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    select(
+        conn,
+        "SELECT name, record FROM auth WHERE kind = ? ORDER BY name",
+        (kind.as_str(),),
+    )
+    .await
+}

@@ -7,12 +7,13 @@ use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
 use super::queries::{
-    execute, query_alarms, query_count, query_expired_leases, query_lease, query_lease_keys,
-    query_leases, query_log, query_range, query_revisions, query_setting,
+    execute, query_alarms, query_auth_records, query_count, query_expired_leases, query_lease,
+    query_lease_keys, query_leases, query_log, query_range, query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
 use crate::backend::{
-    AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    AlarmRow, AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
+    WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -135,6 +136,13 @@ macro_rules! impl_read_txn {
 
             async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
                 query_alarms(self.session.conn()).await
+            }
+
+            async fn auth_records(
+                &mut self,
+                kind: AuthKind,
+            ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+                query_auth_records(self.session.conn(), kind).await
             }
         }
     };
@@ -285,11 +293,35 @@ impl WriteTxn for MysqlWrite {
         .await
     }
 
+    async fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> BackendResult<()> {
+        execute(
+            self.session.conn(),
+            "INSERT INTO auth (kind, name, record) VALUES (?, ?, ?) \
+             ON DUPLICATE KEY UPDATE record = VALUES(record)",
+            (kind.as_str(), name, record),
+        )
+        .await
+    }
+
     async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
         execute(
             self.session.conn(),
             "DELETE FROM alarm WHERE member_id = ? AND alarm = ?",
             (alarm.member_id, alarm.alarm),
+        )
+        .await
+    }
+
+    async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
+        execute(
+            self.session.conn(),
+            "DELETE FROM auth WHERE kind = ? AND name = ?",
+            (kind.as_str(), name),
         )
         .await
     }

@@ -292,6 +292,21 @@ impl TxnConn {
             .await?;
         rows.iter().map(kv_from_row).collect()
     }
+
+    pub(super) async fn auth_records(
+        &mut self,
+        kind: crate::backend::AuthKind,
+    ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let rows = self
+            .query(
+                "SELECT name, record FROM auth WHERE kind = $1 ORDER BY name",
+                &[&kind.as_str()],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
+    }
 }
 
 #[cfg(test)]

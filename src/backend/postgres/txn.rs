@@ -9,7 +9,8 @@ use tokio_postgres::types::ToSql;
 
 use super::db_error;
 use crate::backend::{
-    AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    AlarmRow, AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
+    WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -167,6 +168,10 @@ macro_rules! forward_reads {
         async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
             self.conn.alarms().await
         }
+
+        async fn auth_records(&mut self, kind: AuthKind) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+            self.conn.auth_records(kind).await
+        }
     };
 }
 
@@ -304,11 +309,37 @@ impl WriteTxn for PostgresWrite {
         Ok(())
     }
 
+    async fn put_auth_record(
+        &mut self,
+        kind: AuthKind,
+        name: &[u8],
+        record: &[u8],
+    ) -> BackendResult<()> {
+        self.conn
+            .query(
+                "INSERT INTO auth (kind, name, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (kind, name) DO UPDATE SET record = EXCLUDED.record",
+                &[&kind.as_str(), &name, &record],
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
         self.conn
             .query(
                 "DELETE FROM alarm WHERE member_id = $1 AND alarm = $2",
                 &[&alarm.member_id, &alarm.alarm],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
+        self.conn
+            .query(
+                "DELETE FROM auth WHERE kind = $1 AND name = $2",
+                &[&kind.as_str(), &name],
             )
             .await?;
         Ok(())

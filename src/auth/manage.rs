@@ -1,0 +1,612 @@
+//! The auth management calls (etcd's authStore): each reads the records in
+//! a database write transaction, applies etcd's rules, writes what changed
+//! and the new auth revision, and then installs the result in memory. The
+//! write transaction orders changes made by all instances on a shared
+//! database, so the auth revision counts them all.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use tonic::{Code, Status};
+
+use super::perms::is_valid_permission_range;
+use super::{Auth, AuthState, Caller, ROOT_ROLE, ROOT_USER};
+use crate::backend::{AuthKind, Backend, ReadTxn, WriteTxn};
+use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
+use crate::store::StoreError;
+
+const ENABLED_SETTING: &str = "auth_enabled";
+const REVISION_SETTING: &str = "auth_revision";
+
+/// etcd's auth errors, with their gRPC codes and messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// `etcdserver: root user does not exist`
+    #[error("etcdserver: root user does not exist")]
+    RootUserNotExist,
+    /// `etcdserver: root user does not have root role`
+    #[error("etcdserver: root user does not have root role")]
+    RootRoleNotExist,
+    /// `etcdserver: user name already exists`
+    #[error("etcdserver: user name already exists")]
+    UserAlreadyExist,
+    /// `etcdserver: user name is empty`
+    #[error("etcdserver: user name is empty")]
+    UserEmpty,
+    /// `etcdserver: user name not found`
+    #[error("etcdserver: user name not found")]
+    UserNotFound,
+    /// `etcdserver: role name already exists`
+    #[error("etcdserver: role name already exists")]
+    RoleAlreadyExist,
+    /// `etcdserver: role name not found`
+    #[error("etcdserver: role name not found")]
+    RoleNotFound,
+    /// `etcdserver: role name is empty`
+    #[error("etcdserver: role name is empty")]
+    RoleEmpty,
+    /// `etcdserver: authentication failed, invalid user ID or password`
+    #[error("etcdserver: authentication failed, invalid user ID or password")]
+    AuthFailed,
+    /// `etcdserver: permission not given`
+    #[error("etcdserver: permission not given")]
+    PermissionNotGiven,
+    /// `etcdserver: permission denied`
+    #[error("etcdserver: permission denied")]
+    PermissionDenied,
+    /// `etcdserver: role is not granted to the user`
+    #[error("etcdserver: role is not granted to the user")]
+    RoleNotGranted,
+    /// `etcdserver: permission is not granted to the role`
+    #[error("etcdserver: permission is not granted to the role")]
+    PermissionNotGranted,
+    /// `etcdserver: authentication is not enabled`
+    #[error("etcdserver: authentication is not enabled")]
+    AuthNotEnabled,
+    /// `etcdserver: invalid auth token`
+    #[error("etcdserver: invalid auth token")]
+    InvalidAuthToken,
+    /// `etcdserver: invalid auth management`
+    #[error("etcdserver: invalid auth management")]
+    InvalidAuthMgmt,
+    /// etcd has no gRPC mapping for this one, so it reaches clients as
+    /// Unknown with the auth package's own text.
+    #[error("auth: authentication failed, password was given for no password user")]
+    NoPasswordUser,
+}
+
+impl AuthError {
+    fn code(self) -> Code {
+        use AuthError::*;
+        match self {
+            RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound
+            | RoleAlreadyExist | RoleNotFound | RoleNotGranted | PermissionNotGranted
+            | AuthNotEnabled => Code::FailedPrecondition,
+            UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt => {
+                Code::InvalidArgument
+            }
+            PermissionDenied => Code::PermissionDenied,
+            InvalidAuthToken => Code::Unauthenticated,
+            NoPasswordUser => Code::Unknown,
+        }
+    }
+}
+
+impl From<AuthError> for Status {
+    fn from(error: AuthError) -> Status {
+        Status::new(error.code(), error.to_string())
+    }
+}
+
+fn database_error(error: anyhow::Error) -> Status {
+    StoreError::Backend(error).into()
+}
+
+fn decode_records<M: Message + Default>(
+    rows: Vec<(Vec<u8>, Vec<u8>)>,
+) -> anyhow::Result<BTreeMap<String, M>> {
+    rows.into_iter()
+        .map(|(name, record)| {
+            Ok((
+                String::from_utf8_lossy(&name).into_owned(),
+                M::decode(&*record)?,
+            ))
+        })
+        .collect()
+}
+
+/// Whether auth is enabled and the auth revision (1 on a fresh store, as etcd starts).
+async fn read_flags<T: ReadTxn>(txn: &mut T) -> anyhow::Result<(bool, u64)> {
+    let enabled = txn.setting(ENABLED_SETTING).await?.unwrap_or(0) != 0;
+    let revision = txn.setting(REVISION_SETTING).await?.unwrap_or(1).max(1) as u64;
+    Ok((enabled, revision))
+}
+
+async fn read_state<T: ReadTxn>(txn: &mut T) -> anyhow::Result<AuthState> {
+    let (enabled, revision) = read_flags(txn).await?;
+    let users = decode_records(txn.auth_records(AuthKind::User).await?)?;
+    let roles = decode_records(txn.auth_records(AuthKind::Role).await?)?;
+    Ok(AuthState::new(enabled, revision, users, roles))
+}
+
+/// Reads the whole auth state.
+pub(super) async fn load_state<B: Backend>(backend: &B) -> anyhow::Result<AuthState> {
+    let mut txn = backend.read().await?;
+    read_state(&mut txn).await
+}
+
+/// Reads only the enabled flag and the revision: the cheap freshness check.
+pub(super) async fn load_flags<B: Backend>(backend: &B) -> anyhow::Result<(bool, u64)> {
+    let mut txn = backend.read().await?;
+    read_flags(&mut txn).await
+}
+
+/// The records a change works on.
+struct Records {
+    enabled: bool,
+    users: BTreeMap<String, User>,
+    roles: BTreeMap<String, Role>,
+}
+
+/// What a change did: whether it counts as a new auth revision (etcd's
+/// commitRevision), or changed nothing at all.
+#[derive(PartialEq, Eq)]
+enum Outcome {
+    Unchanged,
+    SameRevision,
+    NewRevision,
+}
+
+/// The bcrypt hash of `password`, computed off the async threads. Like etcd
+/// 3.5's server, this always hashes `password`: a client's hashedPassword is
+/// replaced, never trusted.
+async fn hash_password(password: String, cost: u32) -> Result<Vec<u8>, Status> {
+    tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
+        .await
+        .map_err(|e| Status::new(Code::Unknown, e.to_string()))?
+        .map(String::into_bytes)
+        .map_err(|e| Status::new(Code::Unknown, e.to_string()))
+}
+
+impl Auth {
+    /// Runs `f` on the stored records in one write transaction and stores
+    /// what it changed, then installs the new state here.
+    async fn change<B: Backend>(
+        &self,
+        backend: &B,
+        f: impl FnOnce(&mut Records) -> Result<Outcome, AuthError>,
+    ) -> Result<(), Status> {
+        let _changing = self.changing.lock().await;
+        let mut txn = backend.write().await.map_err(database_error)?;
+        let before = read_state(&mut txn).await.map_err(database_error)?;
+        let mut records = Records {
+            enabled: before.enabled,
+            users: before.users.clone(),
+            roles: before.roles.clone(),
+        };
+        let outcome = f(&mut records)?;
+        if outcome == Outcome::Unchanged {
+            // Nothing to write; the transaction rolls back when dropped.
+            return Ok(());
+        }
+        let revision = match outcome {
+            Outcome::NewRevision => before.revision + 1,
+            _ => before.revision,
+        };
+        let write = async {
+            write_changes(&mut txn, AuthKind::User, &before.users, &records.users).await?;
+            write_changes(&mut txn, AuthKind::Role, &before.roles, &records.roles).await?;
+            txn.set_setting(ENABLED_SETTING, i64::from(records.enabled))
+                .await?;
+            txn.set_setting(REVISION_SETTING, revision as i64).await?;
+            // Storing the counters unchanged is what tells other instances
+            // sharing the database (Postgres NOTIFY) that something changed.
+            let counters = txn.revisions().await?;
+            txn.set_revisions(counters).await?;
+            txn.commit().await
+        };
+        write.await.map_err(database_error)?;
+        self.install(AuthState::new(
+            records.enabled,
+            revision,
+            records.users,
+            records.roles,
+        ));
+        Ok(())
+    }
+
+    /// The caller, who must be an admin whenever auth is enabled (etcd's
+    /// needAdminPermission).
+    fn admin(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
+        self.require_admin(metadata)
+    }
+
+    /// AuthEnable: needs a root user holding the root role.
+    pub async fn enable<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            if r.enabled {
+                return Ok(Outcome::Unchanged);
+            }
+            let root = r.users.get(ROOT_USER).ok_or(AuthError::RootUserNotExist)?;
+            if !root.roles.iter().any(|role| role == ROOT_ROLE) {
+                return Err(AuthError::RootRoleNotExist);
+            }
+            r.enabled = true;
+            Ok(Outcome::SameRevision)
+        })
+        .await
+    }
+
+    /// AuthDisable.
+    pub async fn disable<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            if !r.enabled {
+                return Ok(Outcome::Unchanged);
+            }
+            r.enabled = false;
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+
+    /// AuthStatus: enabled and the auth revision.
+    pub fn auth_status(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<(bool, u64), Status> {
+        self.admin(metadata)?;
+        Ok(self.status())
+    }
+
+    /// Authenticate: checks the password (bcrypt, off the async threads)
+    /// and issues a simple token.
+    pub async fn authenticate(&self, name: &str, password: &str) -> Result<String, Status> {
+        let state = self.state();
+        if !state.enabled {
+            return Err(AuthError::AuthNotEnabled.into());
+        }
+        let user = state.users.get(name).ok_or(AuthError::AuthFailed)?;
+        if user.options.as_ref().is_some_and(|o| o.no_password) {
+            return Err(AuthError::NoPasswordUser.into());
+        }
+        let hash = String::from_utf8_lossy(&user.password).into_owned();
+        let password = password.to_string();
+        let matches = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
+            .await
+            .map_err(|e| Status::new(Code::Unknown, e.to_string()))?
+            .unwrap_or(false);
+        if !matches {
+            tracing::info!(user = name, "invalid password");
+            return Err(AuthError::AuthFailed.into());
+        }
+        // The user may have been deleted or changed while bcrypt ran.
+        let now = self.state();
+        if !now.enabled || now.users.get(name).map(|u| &u.password) != Some(&user.password) {
+            return Err(AuthError::AuthFailed.into());
+        }
+        Ok(self.tokens.assign(name))
+    }
+
+    /// UserAdd.
+    pub async fn user_add<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: String,
+        password: String,
+        options: Option<UserAddOptions>,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        if name.is_empty() {
+            return Err(AuthError::UserEmpty.into());
+        }
+        let options = options.unwrap_or_default();
+        let password = if options.no_password {
+            Vec::new()
+        } else {
+            hash_password(password, self.options.bcrypt_cost).await?
+        };
+        self.change(backend, |r| {
+            if r.users.contains_key(&name) {
+                return Err(AuthError::UserAlreadyExist);
+            }
+            r.users.insert(
+                name.clone(),
+                User {
+                    name: name.clone().into_bytes(),
+                    password,
+                    roles: Vec::new(),
+                    options: Some(options),
+                },
+            );
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+
+    /// UserGet: an admin, or the user asking about itself.
+    pub fn user_get(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+    ) -> Result<Vec<String>, Status> {
+        let caller = self.caller(metadata)?;
+        let state = self.state();
+        if let Err(error) = state.admin_permitted(caller.user())
+            && caller.user() != Some(name)
+        {
+            return Err(error.into());
+        }
+        let user = state.users.get(name).ok_or(AuthError::UserNotFound)?;
+        Ok(user.roles.clone())
+    }
+
+    /// UserList.
+    pub fn user_list(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Vec<String>, Status> {
+        self.admin(metadata)?;
+        Ok(self.state().users.keys().cloned().collect())
+    }
+
+    /// UserDelete: root cannot be deleted while auth is enabled.
+    pub async fn user_delete<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            if r.enabled && name == ROOT_USER {
+                return Err(AuthError::InvalidAuthMgmt);
+            }
+            r.users.remove(name).ok_or(AuthError::UserNotFound)?;
+            Ok(Outcome::NewRevision)
+        })
+        .await?;
+        self.tokens.invalidate_user(name);
+        Ok(())
+    }
+
+    /// UserChangePassword: a no-password user keeps having none.
+    pub async fn user_change_password<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+        password: String,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        // Hashed before the user is looked up, as etcd's server does.
+        let hash = hash_password(password, self.options.bcrypt_cost).await?;
+        self.change(backend, |r| {
+            let user = r.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
+            if !user.options.as_ref().is_some_and(|o| o.no_password) {
+                user.password = hash;
+            }
+            Ok(Outcome::NewRevision)
+        })
+        .await?;
+        self.tokens.invalidate_user(name);
+        Ok(())
+    }
+
+    /// UserGrantRole: the root role need not exist as a role; granting a
+    /// role twice changes nothing.
+    pub async fn user_grant_role<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        user: &str,
+        role: &str,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            if !r.users.contains_key(user) {
+                return Err(AuthError::UserNotFound);
+            }
+            if role != ROOT_ROLE && !r.roles.contains_key(role) {
+                return Err(AuthError::RoleNotFound);
+            }
+            let user = r.users.get_mut(user).expect("checked above");
+            match user.roles.binary_search_by(|r| r.as_str().cmp(role)) {
+                Ok(_) => Ok(Outcome::Unchanged),
+                Err(at) => {
+                    user.roles.insert(at, role.to_string());
+                    Ok(Outcome::NewRevision)
+                }
+            }
+        })
+        .await
+    }
+
+    /// UserRevokeRole: root keeps the root role while auth is enabled.
+    pub async fn user_revoke_role<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+        role: &str,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            if r.enabled && name == ROOT_USER && role == ROOT_ROLE {
+                return Err(AuthError::InvalidAuthMgmt);
+            }
+            let user = r.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
+            let before = user.roles.len();
+            user.roles.retain(|r| r != role);
+            if user.roles.len() == before {
+                return Err(AuthError::RoleNotGranted);
+            }
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+
+    /// RoleAdd.
+    pub async fn role_add<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        if name.is_empty() {
+            return Err(AuthError::RoleEmpty.into());
+        }
+        self.change(backend, |r| {
+            if r.roles.contains_key(name) {
+                return Err(AuthError::RoleAlreadyExist);
+            }
+            r.roles.insert(
+                name.to_string(),
+                Role {
+                    name: name.as_bytes().to_vec(),
+                    key_permission: Vec::new(),
+                },
+            );
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+
+    /// RoleGet: an admin, or a user holding the role.
+    pub fn role_get(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+    ) -> Result<Vec<Permission>, Status> {
+        let caller = self.caller(metadata)?;
+        let state = self.state();
+        if let Err(error) = state.admin_permitted(caller.user()) {
+            let holds = caller
+                .user()
+                .and_then(|u| state.users.get(u))
+                .is_some_and(|u| u.roles.iter().any(|r| r == name));
+            if !holds {
+                return Err(error.into());
+            }
+        }
+        let role = state.roles.get(name).ok_or(AuthError::RoleNotFound)?;
+        Ok(role.key_permission.clone())
+    }
+
+    /// RoleList.
+    pub fn role_list(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Vec<String>, Status> {
+        self.admin(metadata)?;
+        Ok(self.state().roles.keys().cloned().collect())
+    }
+
+    /// RoleDelete: also revokes the role from every user; the root role
+    /// stays while auth is enabled.
+    pub async fn role_delete<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            if r.enabled && name == ROOT_ROLE {
+                return Err(AuthError::InvalidAuthMgmt);
+            }
+            r.roles.remove(name).ok_or(AuthError::RoleNotFound)?;
+            for user in r.users.values_mut() {
+                user.roles.retain(|role| role != name);
+            }
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+
+    /// RoleGrantPermission: adds a permission, or changes the type of the
+    /// one on the same key and range end; permissions stay sorted by key.
+    pub async fn role_grant_permission<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+        perm: Option<Permission>,
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        let perm = perm.ok_or(AuthError::PermissionNotGiven)?;
+        if !is_valid_permission_range(&perm.key, &perm.range_end) {
+            return Err(AuthError::InvalidAuthMgmt.into());
+        }
+        self.change(backend, |r| {
+            let role = r.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
+            let perms = &mut role.key_permission;
+            let at = perms.partition_point(|p| p.key < perm.key);
+            if at < perms.len()
+                && perms[at].key == perm.key
+                && perms[at].range_end == perm.range_end
+            {
+                perms[at].perm_type = perm.perm_type;
+            } else {
+                perms.push(perm);
+                perms.sort_by(|a, b| a.key.cmp(&b.key));
+            }
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+
+    /// RoleRevokePermission: removes the permission on exactly that key and range end.
+    pub async fn role_revoke_permission<B: Backend>(
+        &self,
+        backend: &B,
+        metadata: &tonic::metadata::MetadataMap,
+        name: &str,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), Status> {
+        self.admin(metadata)?;
+        self.change(backend, |r| {
+            let role = r.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
+            let before = role.key_permission.len();
+            role.key_permission
+                .retain(|p| p.key != key || p.range_end != range_end);
+            if role.key_permission.len() == before {
+                return Err(AuthError::PermissionNotGranted);
+            }
+            Ok(Outcome::NewRevision)
+        })
+        .await
+    }
+}
+
+async fn write_changes<T: WriteTxn, M: Message + PartialEq>(
+    txn: &mut T,
+    kind: AuthKind,
+    before: &BTreeMap<String, M>,
+    after: &BTreeMap<String, M>,
+) -> anyhow::Result<()> {
+    for name in before.keys() {
+        if !after.contains_key(name) {
+            txn.remove_auth_record(kind, name.as_bytes()).await?;
+        }
+    }
+    for (name, record) in after {
+        if before.get(name) != Some(record) {
+            txn.put_auth_record(kind, name.as_bytes(), &record.encode_to_vec())
+                .await?;
+        }
+    }
+    Ok(())
+}

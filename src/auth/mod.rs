@@ -1,0 +1,509 @@
+//! etcd's authentication and role-based access control: users, roles, key
+//! permissions, simple tokens, and the permission checks every service makes.
+//!
+//! Users and roles live in the database (table `auth`, etcd's authpb
+//! encoding) with `auth_enabled` and `auth_revision` in `settings`, so every
+//! instance on a shared database enforces the same rules. Each instance keeps
+//! a copy in memory (`AuthState`), which the checks read without touching the
+//! database. A change made here replaces the copy at once; a change made by
+//! another instance is noticed when the backend signals other instances'
+//! commits (Postgres NOTIFY, the MySQL poll): the instance then re-reads the
+//! auth revision and enabled flag, and reloads everything if either moved.
+//!
+//! Simple tokens are kept per instance, as each etcd member keeps its own
+//! token table: a token from one cetera instance is not valid on another
+//! (clients re-authenticate on `invalid auth token`, as clientv3 does).
+
+mod manage;
+pub mod perms;
+mod tokens;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Status};
+
+pub use self::manage::AuthError;
+use self::perms::{Access, MergedPermissions};
+use self::tokens::TokenStore;
+use crate::backend::Backend;
+use crate::proto::authpb::{Role, User};
+use crate::proto::etcdserverpb::request_op::Request as Op;
+use crate::proto::etcdserverpb::{
+    DeleteRangeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, TxnRequest,
+};
+use crate::store::Store;
+
+/// The user every rule about administration is about.
+pub const ROOT_USER: &str = "root";
+/// The role that grants everything, including administration.
+pub const ROOT_ROLE: &str = "root";
+
+/// Longest time another instance's auth change can go unnoticed.
+const REFRESH_FALLBACK: Duration = Duration::from_secs(2);
+
+/// etcd's default bcrypt cost (`--bcrypt-cost`).
+pub const BCRYPT_COST: u32 = 10;
+
+/// The auth settings from the command line.
+#[derive(Clone, Debug)]
+pub struct AuthOptions {
+    /// How long an unused simple token stays valid.
+    pub token_ttl: Duration,
+    /// bcrypt cost for new password hashes.
+    pub bcrypt_cost: u32,
+}
+
+/// Everything the permission checks need, as of one auth revision.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AuthState {
+    pub(crate) enabled: bool,
+    pub(crate) revision: u64,
+    pub(crate) users: BTreeMap<String, User>,
+    pub(crate) roles: BTreeMap<String, Role>,
+    merged: HashMap<String, MergedPermissions>,
+}
+
+impl AuthState {
+    /// Builds the state, merging each user's permissions as etcd's cache does.
+    pub(crate) fn new(
+        enabled: bool,
+        revision: u64,
+        users: BTreeMap<String, User>,
+        roles: BTreeMap<String, Role>,
+    ) -> Self {
+        let merged = users
+            .iter()
+            .map(|(name, user)| {
+                let perms = user
+                    .roles
+                    .iter()
+                    .filter_map(|r| roles.get(r))
+                    .flat_map(|r| r.key_permission.iter());
+                (name.clone(), MergedPermissions::merge(perms))
+            })
+            .collect();
+        AuthState {
+            enabled,
+            revision,
+            users,
+            roles,
+            merged,
+        }
+    }
+
+    fn has_root_role(&self, user: &str) -> bool {
+        self.users
+            .get(user)
+            .is_some_and(|u| u.roles.iter().any(|r| r == ROOT_ROLE))
+    }
+
+    /// etcd's isOpPermitted.
+    fn op_permitted(
+        &self,
+        user: Option<&str>,
+        access: Access,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let Some(user) = user else {
+            return Err(AuthError::UserEmpty);
+        };
+        if !self.users.contains_key(user) {
+            return Err(AuthError::PermissionDenied);
+        }
+        if self.has_root_role(user) {
+            return Ok(());
+        }
+        match self.merged.get(user) {
+            Some(perms) if perms.allows(access, key, range_end) => Ok(()),
+            _ => Err(AuthError::PermissionDenied),
+        }
+    }
+
+    /// etcd's IsAdminPermitted.
+    fn admin_permitted(&self, user: Option<&str>) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let Some(user) = user.filter(|u| !u.is_empty()) else {
+            return Err(AuthError::UserEmpty);
+        };
+        if !self.users.contains_key(user) {
+            return Err(AuthError::UserNotFound);
+        }
+        if !self.has_root_role(user) {
+            return Err(AuthError::PermissionDenied);
+        }
+        Ok(())
+    }
+}
+
+/// The caller of one request: the user its token names, or nobody.
+#[derive(Clone, Debug, Default)]
+pub struct Caller {
+    user: Option<String>,
+}
+
+impl Caller {
+    /// The user name, if the request carried a valid token.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+}
+
+/// The auth store of one instance: the in-memory copy of users and roles,
+/// the token table, and the checks.
+pub struct Auth {
+    state: RwLock<Arc<AuthState>>,
+    tokens: TokenStore,
+    options: AuthOptions,
+    /// Serializes this instance's changes and reloads, so the copy in
+    /// memory never goes back to an older revision.
+    changing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("Auth")
+            .field("enabled", &state.enabled)
+            .field("revision", &state.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Auth {
+    /// Loads the auth state from `backend`.
+    pub async fn open<B: Backend>(backend: &B, options: AuthOptions) -> anyhow::Result<Self> {
+        let state = manage::load_state(backend).await?;
+        Ok(Auth {
+            state: RwLock::new(Arc::new(state)),
+            tokens: TokenStore::new(options.token_ttl),
+            options,
+            changing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// A copy of the state as of now.
+    pub(crate) fn state(&self) -> Arc<AuthState> {
+        self.state.read().expect("auth state poisoned").clone()
+    }
+
+    /// Installs a newer state; tokens of users that are gone, or whose
+    /// password changed, stop working, and disabling auth drops every token.
+    fn install(&self, new: AuthState) {
+        let mut slot = self.state.write().expect("auth state poisoned");
+        if !new.enabled {
+            self.tokens.clear();
+        } else {
+            for (name, old_user) in &slot.users {
+                match new.users.get(name) {
+                    Some(user) if user.password == old_user.password => {}
+                    _ => self.tokens.invalidate_user(name),
+                }
+            }
+        }
+        *slot = Arc::new(new);
+    }
+
+    /// Whether auth is enabled, and the auth revision.
+    pub fn status(&self) -> (bool, u64) {
+        let state = self.state();
+        (state.enabled, state.revision)
+    }
+
+    /// Re-reads the state from the database if another instance changed it.
+    pub async fn refresh<B: Backend>(&self, backend: &B) -> anyhow::Result<()> {
+        let _changing = self.changing.lock().await;
+        let (enabled, revision) = manage::load_flags(backend).await?;
+        let current = self.state();
+        if enabled == current.enabled && revision == current.revision {
+            return Ok(());
+        }
+        let state = manage::load_state(backend).await?;
+        tracing::info!(
+            enabled = state.enabled,
+            revision = state.revision,
+            "auth changed on another instance"
+        );
+        self.install(state);
+        Ok(())
+    }
+
+    /// Follows other instances' auth changes for as long as `auth` lives.
+    pub fn follow<B: Backend>(auth: &Arc<Self>, backend: Arc<B>) -> tokio::task::JoinHandle<()> {
+        let auth = Arc::downgrade(auth);
+        tokio::spawn(async move {
+            loop {
+                // A wake-up can be missed while a reload runs (the backend's
+                // signal wakes only current waiters), so look every few
+                // seconds even without one; SQLite never signals, but only
+                // this instance writes it.
+                tokio::select! {
+                    _ = backend.changed() => {}
+                    _ = tokio::time::sleep(REFRESH_FALLBACK) => {}
+                }
+                let Some(auth) = auth.upgrade() else { return };
+                if let Err(error) = auth.refresh(&*backend).await {
+                    tracing::warn!("cannot re-read the auth state: {error:#}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        })
+    }
+
+    /// The caller named by the request's token. With auth disabled every
+    /// request is anonymous and tokens are ignored, as in etcd 3.5.
+    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        if !self.state().enabled {
+            return Ok(Caller::default());
+        }
+        let token = metadata
+            .get("token")
+            .or_else(|| metadata.get("authorization"))
+            .and_then(|v| v.to_str().ok());
+        let Some(token) = token else {
+            return Ok(Caller::default());
+        };
+        let token = token.strip_prefix("Bearer ").unwrap_or(token);
+        match self.tokens.user(token) {
+            Some(user) => Ok(Caller { user: Some(user) }),
+            None => Err(AuthError::InvalidAuthToken.into()),
+        }
+    }
+
+    /// etcd's requireAuthInfo: with auth enabled, a request must carry a
+    /// valid token.
+    pub fn require_user(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        let caller = self.caller(metadata)?;
+        if self.state().enabled && caller.user.is_none() {
+            return Err(AuthError::UserEmpty.into());
+        }
+        Ok(caller)
+    }
+
+    /// Admin (root role) permission: Compaction, Defragment, Snapshot, Hash,
+    /// HashKV, MoveLeader, and the auth management calls.
+    pub fn require_admin(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        let caller = self.caller(metadata)?;
+        self.state().admin_permitted(caller.user())?;
+        Ok(caller)
+    }
+
+    fn permitted(
+        &self,
+        caller: &Caller,
+        access: Access,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), AuthError> {
+        self.state()
+            .op_permitted(caller.user(), access, key, range_end)
+    }
+
+    /// Range needs read on its range.
+    pub fn authorize_range(
+        &self,
+        metadata: &MetadataMap,
+        req: &RangeRequest,
+    ) -> Result<(), Status> {
+        let caller = self.caller(metadata)?;
+        Ok(self.permitted(&caller, Access::Read, &req.key, &req.range_end)?)
+    }
+
+    /// Put needs write on its key, read too with prev_kv, and write on the
+    /// keys already attached to its lease.
+    pub async fn authorize_put<B: Backend>(
+        &self,
+        metadata: &MetadataMap,
+        req: &PutRequest,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let caller = self.caller(metadata)?;
+        self.check_put(&caller, req, store).await
+    }
+
+    /// DeleteRange needs write on its range, read too with prev_kv.
+    pub fn authorize_delete(
+        &self,
+        metadata: &MetadataMap,
+        req: &DeleteRangeRequest,
+    ) -> Result<(), Status> {
+        let caller = self.caller(metadata)?;
+        Ok(self.check_delete(&caller, req)?)
+    }
+
+    /// Txn needs read on every compare and what each op needs, in nested
+    /// txns too (as etcd 3.5 checks since its nested-txn fix).
+    pub async fn authorize_txn<B: Backend>(
+        &self,
+        metadata: &MetadataMap,
+        req: &TxnRequest,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let caller = self.caller(metadata)?;
+        if !self.state().enabled {
+            return Ok(());
+        }
+        self.check_txn(&caller, req, store).await
+    }
+
+    fn check_delete(&self, caller: &Caller, req: &DeleteRangeRequest) -> Result<(), AuthError> {
+        self.permitted(caller, Access::Write, &req.key, &req.range_end)?;
+        if req.prev_kv {
+            self.permitted(caller, Access::Read, &req.key, &req.range_end)?;
+        }
+        Ok(())
+    }
+
+    async fn check_put<B: Backend>(
+        &self,
+        caller: &Caller,
+        req: &PutRequest,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        self.permitted(caller, Access::Write, &req.key, b"")?;
+        self.check_lease_keys(caller, req.lease, Access::Write, store)
+            .await?;
+        if req.prev_kv {
+            self.permitted(caller, Access::Read, &req.key, b"")?;
+        }
+        Ok(())
+    }
+
+    fn check_txn<'a, B: Backend>(
+        &'a self,
+        caller: &'a Caller,
+        req: &'a TxnRequest,
+        store: &'a Store<B>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Status>> + Send + 'a>> {
+        Box::pin(async move {
+            for compare in &req.compare {
+                self.permitted(caller, Access::Read, &compare.key, &compare.range_end)?;
+            }
+            for op in req.success.iter().chain(&req.failure) {
+                match &op.request {
+                    Some(Op::RequestRange(r)) => {
+                        self.permitted(caller, Access::Read, &r.key, &r.range_end)?
+                    }
+                    Some(Op::RequestPut(p)) => self.check_put(caller, p, store).await?,
+                    Some(Op::RequestDeleteRange(d)) => self.check_delete(caller, d)?,
+                    Some(Op::RequestTxn(t)) => self.check_txn(caller, t, store).await?,
+                    None => {}
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// etcd's checkLeasePuts / checkLeaseTimeToLive: every key attached to
+    /// lease `id` needs `access`, unless the caller is an admin.
+    async fn check_lease_keys<B: Backend>(
+        &self,
+        caller: &Caller,
+        id: i64,
+        access: Access,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let state = self.state();
+        if id == 0 || state.admin_permitted(caller.user()).is_ok() {
+            return Ok(());
+        }
+        let lease = store
+            .lease_time_to_live(&LeaseTimeToLiveRequest { id, keys: true })
+            .await?;
+        for key in lease.keys {
+            state.op_permitted(caller.user(), access, &key, b"")?;
+        }
+        Ok(())
+    }
+
+    /// LeaseRevoke needs a user and write on the lease's keys.
+    pub async fn authorize_lease_revoke<B: Backend>(
+        &self,
+        metadata: &MetadataMap,
+        id: i64,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let caller = self.require_user(metadata)?;
+        self.check_lease_keys(&caller, id, Access::Write, store)
+            .await
+    }
+
+    /// LeaseTimeToLive needs a user, and read on the lease's keys when it
+    /// asks for them.
+    pub async fn authorize_lease_time_to_live<B: Backend>(
+        &self,
+        metadata: &MetadataMap,
+        id: i64,
+        keys: bool,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let caller = self.require_user(metadata)?;
+        if keys {
+            self.check_lease_keys(&caller, id, Access::Read, store)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// LeaseLeases needs a user, and read on the keys of every lease unless
+    /// the caller is an admin (etcd 3.5's checkLeaseLeases).
+    pub async fn authorize_lease_leases<B: Backend>(
+        &self,
+        metadata: &MetadataMap,
+        store: &Store<B>,
+    ) -> Result<(), Status> {
+        let caller = self.require_user(metadata)?;
+        let state = self.state();
+        if state.admin_permitted(caller.user()).is_ok() {
+            return Ok(());
+        }
+        for lease in store.leases().await?.leases {
+            self.check_lease_keys(&caller, lease.id, Access::Read, store)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The reason a watch on `[key, range_end)` is refused, if it is: the
+    /// text of the gRPC error, as etcd puts it in cancel_reason. The range is
+    /// checked as the client sent it ("\0" means every key from `key` on).
+    pub fn watch_refusal(
+        &self,
+        caller: &Result<Caller, Status>,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Option<String> {
+        let result = match caller {
+            Err(status) => Err(status.clone()),
+            Ok(caller) => self
+                .permitted(caller, Access::Read, key, range_end)
+                .map_err(Status::from),
+        };
+        result.err().map(|status| {
+            let status = match status.code() {
+                Code::Unauthenticated | Code::InvalidArgument => status,
+                _ => Status::from(AuthError::PermissionDenied),
+            };
+            grpc_error_text(&status)
+        })
+    }
+}
+
+/// A gRPC error as grpc-go prints it, the form etcd's cancel reasons take.
+fn grpc_error_text(status: &Status) -> String {
+    let code = match status.code() {
+        Code::Unauthenticated => "Unauthenticated",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::PermissionDenied => "PermissionDenied",
+        other => return format!("rpc error: code = {other:?} desc = {}", status.message()),
+    };
+    format!("rpc error: code = {code} desc = {}", status.message())
+}
