@@ -4,9 +4,12 @@
 //! `crate::store`.
 
 pub mod cluster;
+pub mod election;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
+mod prefix_queue;
 pub mod watch;
 
 use tonic::{Code, Status};

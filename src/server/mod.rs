@@ -11,8 +11,10 @@ use tonic::transport::Server;
 use self::authority::AuthorityRepair;
 use crate::api::ServerInfo;
 use crate::api::cluster::ClusterService;
+use crate::api::election::ElectionService;
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
+use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::backend::Backend;
@@ -25,6 +27,8 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
+use crate::proto::v3electionpb::election_server::ElectionServer;
+use crate::proto::v3lockpb::lock_server::LockServer;
 use crate::store::Store;
 use crate::watch::session::SessionOptions;
 
@@ -145,7 +149,7 @@ async fn serve<B: Backend>(
                 store.clone(),
                 info.clone(),
                 watch_options,
-                stop_streams,
+                stop_streams.clone(),
             ))
             .max_decoding_message_size(max_message),
         )
@@ -160,6 +164,22 @@ async fn serve<B: Backend>(
         .add_service(
             ClusterServer::new(ClusterService::new(info.clone()))
                 .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            LockServer::new(LockService::new(
+                store.clone(),
+                info.clone(),
+                stop_streams.clone(),
+            ))
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            ElectionServer::new(ElectionService::new(
+                store.clone(),
+                info.clone(),
+                stop_streams,
+            ))
+            .max_decoding_message_size(max_message),
         )
         .serve_with_incoming_shutdown(client_connections(listener), shutdown)
         .await
