@@ -82,7 +82,7 @@ fn show_campaign(r: &CampaignResponse) -> String {
     )
 }
 
-/// Records every key under `prefix` (create/mod revisions, values, leases).
+/// Records every key under `prefix` (create/mod revisions, values, leases), oldest first.
 async fn list(s: &mut Side, step: &str, prefix: &str) {
     let resp =
         s.kv.range(RangeRequest {
@@ -94,7 +94,11 @@ async fn list(s: &mut Side, step: &str, prefix: &str) {
     s.note(
         step,
         outcome(resp, |r| {
-            let kvs: Vec<String> = r.kvs.iter().map(show_kv).collect();
+            // Keys order by lease id, which each server picks at random: show them
+            // in queue order instead.
+            let mut kvs = r.kvs.clone();
+            kvs.sort_by_key(|kv| kv.create_revision);
+            let kvs: Vec<String> = kvs.iter().map(show_kv).collect();
             format!("rev={} [{}]", header_rev(&r.header), kvs.join("; "))
         }),
     );
@@ -878,4 +882,87 @@ async fn etcd_client_lock_and_election() {
         .await
         .expect_err("not leader any more");
     assert!(err.to_string().contains("election: not leader"), "{err}");
+}
+
+/// A clean stop does not wait for a Lock or Campaign that would wait forever, nor for
+/// an Observe stream, and the waiters' keys stay with their leases, which outlive the
+/// restart.
+// Multi-threaded so that the client keeps reading its connections while the test
+// thread waits for the server to exit, as a real client would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_waiting_calls_and_keeps_their_keys() {
+    let mut cetera = Cetera::start().await;
+    let channel = common::channel(&cetera.endpoint()).await;
+    let kv = KvClient::new(channel.clone());
+    let mut leases = LeaseClient::new(channel.clone());
+    let mut grant = async || {
+        leases
+            .lease_grant(LeaseGrantRequest { ttl: 600, id: 0 })
+            .await
+            .expect("grant")
+            .into_inner()
+            .id
+    };
+    let (a, b) = (grant().await, grant().await);
+    let mut locks = LockClient::new(channel.clone());
+    let mut elections = ElectionClient::new(channel.clone());
+    locks
+        .lock(LockRequest {
+            name: "s".into(),
+            lease: a,
+        })
+        .await
+        .expect("lock");
+    elections
+        .campaign(CampaignRequest {
+            name: "t".into(),
+            lease: a,
+            value: "a".into(),
+        })
+        .await
+        .expect("campaign");
+    let mut waiting_lock = locks.clone();
+    let lock_call = tokio::spawn(async move {
+        waiting_lock
+            .lock(LockRequest {
+                name: "s".into(),
+                lease: b,
+            })
+            .await
+    });
+    let mut waiting_campaign = elections.clone();
+    let campaign_call = tokio::spawn(async move {
+        waiting_campaign
+            .campaign(CampaignRequest {
+                name: "t".into(),
+                lease: b,
+                value: "b".into(),
+            })
+            .await
+    });
+    let mut observer = elections
+        .observe(LeaderRequest { name: "t".into() })
+        .await
+        .expect("observe")
+        .into_inner();
+    observer.message().await.expect("observe").expect("leader");
+    assert!(until_count(&kv, "s/", 2).await && until_count(&kv, "t/", 2).await);
+
+    let status = cetera.terminate(PATIENCE);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "cetera did not stop cleanly: {status:?}\n{}",
+        cetera.log()
+    );
+    assert!(finish(lock_call).await.is_err());
+    assert!(finish(campaign_call).await.is_err());
+
+    cetera.restart().await;
+    let kv = KvClient::new(common::channel(&cetera.endpoint()).await);
+    assert_eq!(count(&kv, "s/").await, 2, "the waiting locker's key stays");
+    assert_eq!(
+        count(&kv, "t/").await,
+        2,
+        "the waiting candidate's key stays"
+    );
 }
