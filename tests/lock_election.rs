@@ -495,6 +495,17 @@ async fn election_differential() {
             "campaign with a missing lease",
             outcome(missing, show_campaign),
         );
+        let big = elections
+            .campaign(CampaignRequest {
+                name: b"big".to_vec(),
+                lease: a,
+                value: vec![b'v'; 1_600_000],
+            })
+            .await;
+        s.note(
+            "campaign with a value over --max-request-bytes",
+            outcome(big, show_campaign),
+        );
         let own = elections
             .campaign(CampaignRequest {
                 name: b"g".to_vec(),

@@ -53,22 +53,30 @@ impl<B: Backend> ElectionService<B> {
         header
     }
 
+    /// Refuses a write over --max-request-bytes, as etcd's server refuses
+    /// the txn its election code proposes.
+    fn check_size(&self, txn: &TxnRequest) -> Result<(), Status> {
+        if prost::Message::encoded_len(txn) > self.info.max_request_bytes {
+            return Err(super::errors::request_too_large());
+        }
+        Ok(())
+    }
+
     /// etcd's Election.Campaign with the request's session.
     async fn campaign_inner(&self, req: CampaignRequest) -> Result<CampaignResponse, Status> {
         let lease = session_lease(&self.store, req.lease).await?;
         let prefix = queue_prefix(&req.name);
         let key = contender_key(&prefix, lease);
-        let joined = self
-            .store
-            .txn(TxnRequest {
-                compare: vec![created_at(&key, 0)],
-                success: vec![put_op(&key, &req.value, lease)],
-                failure: vec![range_op(RangeRequest {
-                    key: key.clone(),
-                    ..Default::default()
-                })],
-            })
-            .await?;
+        let join = TxnRequest {
+            compare: vec![created_at(&key, 0)],
+            success: vec![put_op(&key, &req.value, lease)],
+            failure: vec![range_op(RangeRequest {
+                key: key.clone(),
+                ..Default::default()
+            })],
+        };
+        self.check_size(&join)?;
+        let joined = self.store.txn(join).await?;
         let mut rev = joined.header.as_ref().map_or(0, |h| h.revision);
         if !joined.succeeded {
             // This lease is already a candidate: keep its place in the
@@ -125,6 +133,7 @@ impl<B: Backend> ElectionService<B> {
             put_op(&leader.key, &req.value, lease),
         );
         super::kv::check_txn(&txn, self.info.max_txn_ops)?;
+        self.check_size(&txn)?;
         let proclaimed = self.store.txn(txn).await?;
         if !proclaimed.succeeded {
             return Err(not_leader());
@@ -293,6 +302,7 @@ impl<B: Backend> Election for ElectionService<B> {
         let prefix = queue_prefix(&request.into_inner().name);
         let (out, responses) = mpsc::channel(1);
         let watching = out.clone();
+        let mut stop = self.stop.clone();
         let run = observe(
             self.store.clone(),
             self.info.clone(),
@@ -301,10 +311,12 @@ impl<B: Backend> Election for ElectionService<B> {
             out,
         );
         tokio::spawn(async move {
-            // etcd ends the stream quietly when its watch fails.
+            // etcd ends the stream quietly when its watch fails. Shutdown
+            // ends it even while it waits for a client that stopped reading.
             tokio::select! {
                 _ = run => {}
                 _ = watching.closed() => {}
+                _ = stop.wait_for(|stopping| *stopping) => {}
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(responses))))
