@@ -977,3 +977,92 @@ async fn shutdown_ends_waiting_calls_and_keeps_their_keys() {
         "the waiting candidate's key stays"
     );
 }
+
+/// On a shared database (PostgreSQL or MySQL) a Lock or Campaign waiting on one
+/// instance gets its turn when the holder releases through another instance: the
+/// waiter follows the other instance's commits through its watch hub.
+#[tokio::test]
+async fn waiters_see_releases_through_another_instance() {
+    use common::datastore::{TestBackend, test_backend};
+    if test_backend() == TestBackend::Sqlite {
+        eprintln!("needs CETERA_TEST_BACKEND=postgres or mysql; skipped on SQLite");
+        return;
+    }
+    let a = Cetera::start().await;
+    let b = Cetera::start_on(a.datastore_endpoint()).await;
+    let mut on_a = etcd_client::Client::connect([a.endpoint()], None)
+        .await
+        .expect("connect a");
+    let mut on_b = etcd_client::Client::connect([b.endpoint()], None)
+        .await
+        .expect("connect b");
+    let first = on_a.lease_grant(60, None).await.expect("grant").id();
+    let second = on_a.lease_grant(60, None).await.expect("grant").id();
+
+    let held = on_a
+        .lock(
+            "shared",
+            Some(etcd_client::LockOptions::new().with_lease(first)),
+        )
+        .await
+        .expect("lock on a");
+    let mut waiter = on_b.clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(
+                "shared",
+                Some(etcd_client::LockOptions::new().with_lease(second)),
+            )
+            .await
+    });
+    let kv_b = KvClient::new(common::channel(&b.endpoint()).await);
+    assert!(until_count(&kv_b, "shared/", 2).await, "b never queued");
+    assert!(!waiting.is_finished(), "b must wait while a holds the lock");
+    on_a.unlock(held.key()).await.expect("unlock on a");
+    let got = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("b never got the lock")
+        .expect("join")
+        .expect("lock on b");
+    assert_eq!(got.key(), format!("shared/{second:x}").as_bytes());
+
+    let leader = on_a
+        .campaign("vote", "a", first)
+        .await
+        .expect("campaign on a")
+        .leader()
+        .expect("leader key")
+        .clone();
+    let mut observe = on_b.observe("vote").await.expect("observe on b");
+    let seen = observe.message().await.expect("observe").expect("leader");
+    assert_eq!(seen.kv().expect("kv").value(), b"a");
+    on_a.proclaim(
+        "a2",
+        Some(etcd_client::ProclaimOptions::new().with_leader(leader.clone())),
+    )
+    .await
+    .expect("proclaim on a");
+    let seen = tokio::time::timeout(PATIENCE, observe.message())
+        .await
+        .expect("b's observer never saw a2")
+        .expect("observe")
+        .expect("leader");
+    assert_eq!(seen.kv().expect("kv").value(), b"a2");
+    let mut rival = on_b.clone();
+    let campaign = tokio::spawn(async move { rival.campaign("vote", "b", second).await });
+    assert!(until_count(&kv_b, "vote/", 2).await, "b never campaigned");
+    on_a.resign(Some(etcd_client::ResignOptions::new().with_leader(leader)))
+        .await
+        .expect("resign on a");
+    tokio::time::timeout(PATIENCE, campaign)
+        .await
+        .expect("b never won")
+        .expect("join")
+        .expect("campaign on b");
+    let seen = tokio::time::timeout(PATIENCE, observe.message())
+        .await
+        .expect("b's observer never saw b")
+        .expect("observe")
+        .expect("leader");
+    assert_eq!(seen.kv().expect("kv").value(), b"b");
+}
