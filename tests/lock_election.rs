@@ -543,7 +543,16 @@ async fn election_differential() {
             .await;
         s.note("c campaigns", outcome(c_won, show_campaign));
         observed(s, &mut observer, "observer sees c").await;
-        let _ = b_leader;
+        let b_proclaims = elections
+            .proclaim(ProclaimRequest {
+                leader: b_leader,
+                value: "b2".into(),
+            })
+            .await;
+        s.note(
+            "b proclaims after its lease is gone",
+            outcome(b_proclaims, |r| format!("rev={}", header_rev(&r.header))),
+        );
 
         // An observer that starts while there is a leader sees it at once.
         let mut late = elections
