@@ -17,10 +17,11 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
+use crate::auth;
 use crate::backend::mysql::Mysql;
 use crate::backend::postgres::Postgres;
 use crate::backend::sqlite::Sqlite;
-use crate::backend::{Backend, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AuthKind, Backend, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
 use crate::config::{Config, Datastore};
 use crate::store::hash::LOG_PAGE_REVISIONS;
 
@@ -64,6 +65,18 @@ async fn copy<R: ReadTxn, W: WriteTxn>(
             lease.expires_at = now_ms + lease.ttl * 1000;
         }
         target.put_lease(&lease).await?;
+    }
+    // Users, roles and whether auth is on belong to the data, as in an etcd
+    // snapshot: a restored store enforces the same rules.
+    for kind in [AuthKind::User, AuthKind::Role] {
+        for (name, record) in source.auth_records(kind).await? {
+            target.put_auth_record(kind, &name, &record).await?;
+        }
+    }
+    for name in [auth::ENABLED_SETTING, auth::REVISION_SETTING] {
+        if let Some(value) = source.setting(name).await? {
+            target.set_setting(name, value).await?;
+        }
     }
     if purpose == Purpose::Snapshot {
         for name in [crate::store::CLUSTER, crate::store::MEMBER] {

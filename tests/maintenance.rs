@@ -464,3 +464,76 @@ async fn hash_kv_and_hash_errors_match_etcd() {
     })
     .await;
 }
+
+/// Users, roles and the enabled flag are part of the data, as in an etcd
+/// snapshot: the restored store asks for the same passwords and grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_restore_keeps_auth() {
+    let Some(etcdctl) = etcdctl_35() else { return };
+    let original = Cetera::start().await;
+    let addr = original.addr();
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "add", "reader:readerpw"],
+        &["role", "add", "readers"],
+        &[
+            "role",
+            "grant-permission",
+            "readers",
+            "read",
+            "/a/",
+            "--prefix=true",
+        ],
+        &["user", "grant-role", "reader", "readers"],
+        &["put", "/a/1", "one"],
+        &["auth", "enable"],
+    ] {
+        assert_success(&run_etcdctl(&etcdctl, &addr, args), &args.join(" "));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("snapshot.db");
+    let saved = run_etcdctl(
+        &etcdctl,
+        &addr,
+        &[
+            "--user",
+            "root:rootpw",
+            "snapshot",
+            "save",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_success(&saved, "etcdctl snapshot save");
+
+    let target = FreshDatabase::new(dir.path());
+    assert_success(&restore(&file, &target.endpoint, &[]), "cetera restore");
+    let restored = Cetera::start_on(&target.endpoint).await;
+    let addr = restored.addr();
+    let read = run_etcdctl(
+        &etcdctl,
+        &addr,
+        &["--user", "reader:readerpw", "get", "/a/1"],
+    );
+    assert_success(&read, "get as reader");
+    assert!(String::from_utf8_lossy(&read.stdout).contains("one"));
+    let write = run_etcdctl(
+        &etcdctl,
+        &addr,
+        &["--user", "reader:readerpw", "put", "/a/1", "x"],
+    );
+    assert!(
+        String::from_utf8_lossy(&write.stderr).contains("permission denied"),
+        "{write:?}"
+    );
+    let anonymous = run_etcdctl(&etcdctl, &addr, &["get", "/a/1"]);
+    assert!(
+        String::from_utf8_lossy(&anonymous.stderr).contains("user name is empty"),
+        "{anonymous:?}"
+    );
+    let status = run_etcdctl(
+        &etcdctl,
+        &addr,
+        &["--user", "root:rootpw", "auth", "status"],
+    );
+    assert!(String::from_utf8_lossy(&status.stdout).contains("Authentication Status: true"));
+}

@@ -147,7 +147,7 @@ fn check_delete(req: &DeleteRangeRequest) -> Result<(), Status> {
 
 /// etcd's limit: no more than `max_ops` compares, or ops in either branch;
 /// a nested txn gets what its parent left over.
-fn check_txn(req: &TxnRequest, max_ops: usize) -> Result<(), Status> {
+pub(super) fn check_txn(req: &TxnRequest, max_ops: usize) -> Result<(), Status> {
     let ops = req
         .compare
         .len()

@@ -5,9 +5,12 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod election;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
+mod prefix_queue;
 pub mod watch;
 
 use std::sync::Arc;

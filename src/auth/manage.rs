@@ -15,8 +15,10 @@ use crate::backend::{AuthKind, Backend, ReadTxn, WriteTxn};
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
 use crate::store::StoreError;
 
-const ENABLED_SETTING: &str = "auth_enabled";
-const REVISION_SETTING: &str = "auth_revision";
+/// `settings` row: 1 while auth is enabled.
+pub(crate) const ENABLED_SETTING: &str = "auth_enabled";
+/// `settings` row: etcd's auth revision.
+pub(crate) const REVISION_SETTING: &str = "auth_revision";
 
 /// etcd's auth errors, with their gRPC codes and messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

@@ -15,6 +15,8 @@
 //! (clients re-authenticate on `invalid auth token`, as clientv3 does).
 
 mod manage;
+
+pub(crate) use self::manage::{ENABLED_SETTING, REVISION_SETTING};
 pub mod perms;
 mod tokens;
 

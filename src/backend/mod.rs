@@ -231,7 +231,7 @@ pub trait WriteTxn: ReadTxn {
     /// Forgets a raised alarm.
     fn remove_alarm(&mut self, alarm: &AlarmRow) -> impl Future<Output = BackendResult<()>> + Send;
 
-    /// Empties the store: no log rows, keys, leases, settings or alarms, and the
+    /// Empties the store: no log rows, keys, leases, settings, alarms or auth records, and the
     /// counters of a new store (revision 1, never compacted). For restore.
     fn clear(&mut self) -> impl Future<Output = BackendResult<()>> + Send;
 

@@ -655,7 +655,7 @@ impl WriteTxn for SqliteWrite {
 
     async fn clear(&mut self) -> BackendResult<()> {
         self.conn.execute_batch(
-            "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm;",
+            "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth;",
         )?;
         self.set_revisions(Revisions::EMPTY_STORE).await
     }

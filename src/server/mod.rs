@@ -14,8 +14,10 @@ use self::authority::AuthorityRepair;
 use crate::api::ServerInfo;
 use crate::api::auth::AuthService;
 use crate::api::cluster::ClusterService;
+use crate::api::election::ElectionService;
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
+use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::auth::{Auth, AuthOptions};
@@ -30,6 +32,8 @@ use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
+use crate::proto::v3electionpb::election_server::ElectionServer;
+use crate::proto::v3lockpb::lock_server::LockServer;
 use crate::store::{Store, StoreOptions};
 use crate::watch::session::SessionOptions;
 
@@ -190,7 +194,7 @@ async fn serve<B: Backend>(
                 store.clone(),
                 info.clone(),
                 watch_options,
-                stop_streams,
+                stop_streams.clone(),
             ))
             .max_decoding_message_size(max_message),
         )
@@ -209,6 +213,22 @@ async fn serve<B: Backend>(
         .add_service(
             AuthServer::new(AuthService::new(store.clone(), info.clone()))
                 .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            LockServer::new(LockService::new(
+                store.clone(),
+                info.clone(),
+                stop_streams.clone(),
+            ))
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            ElectionServer::new(ElectionService::new(
+                store.clone(),
+                info.clone(),
+                stop_streams,
+            ))
+            .max_decoding_message_size(max_message),
         );
     match serving.tls {
         Some(tls) => {

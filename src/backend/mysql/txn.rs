@@ -327,7 +327,7 @@ impl WriteTxn for MysqlWrite {
     }
 
     async fn clear(&mut self) -> BackendResult<()> {
-        for table in ["log", "kv", "lease", "settings", "alarm"] {
+        for table in ["log", "kv", "lease", "settings", "alarm", "auth"] {
             execute(self.session.conn(), &format!("DELETE FROM {table}"), ()).await?;
         }
         self.set_revisions(Revisions::EMPTY_STORE).await

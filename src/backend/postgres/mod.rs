@@ -198,7 +198,7 @@ impl Backend for Postgres {
     async fn defragment(&self) -> BackendResult<()> {
         let client = self.pooled().await?;
         client
-            .batch_execute("VACUUM log, kv, meta, settings, lease, alarm")
+            .batch_execute("VACUUM log, kv, meta, settings, lease, alarm, auth")
             .await
             .map_err(|e| db_error(&e))?;
         Ok(())

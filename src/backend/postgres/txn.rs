@@ -346,7 +346,7 @@ impl WriteTxn for PostgresWrite {
     }
 
     async fn clear(&mut self) -> BackendResult<()> {
-        for table in ["log", "kv", "lease", "settings", "alarm"] {
+        for table in ["log", "kv", "lease", "settings", "alarm", "auth"] {
             self.conn
                 .query(&format!("DELETE FROM {table}"), &[])
                 .await?;
