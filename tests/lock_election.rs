@@ -1075,3 +1075,124 @@ async fn waiters_see_releases_through_another_instance() {
         .expect("leader");
     assert_eq!(seen.kv().expect("kv").value(), b"b");
 }
+
+/// `msg` sent with the auth token `token`.
+fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(msg);
+    request
+        .metadata_mut()
+        .insert("token", token.parse().expect("token is ASCII"));
+    request
+}
+
+/// With auth on, Lock and Election act on the queue's keys with the
+/// caller's permissions, as etcd's in-process client does.
+#[tokio::test]
+async fn auth_applies_to_lock_and_election() {
+    use cetera::proto::etcdserverpb::auth_client::AuthClient;
+    use cetera::proto::etcdserverpb::{
+        AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+        AuthUserGrantRoleRequest, AuthenticateRequest,
+    };
+    differential(&[], &[], async |s: &mut Side| {
+        let mut auth = AuthClient::new(s.channel.clone());
+        for (name, password) in [("root", "rootpw"), ("alice", "alicepw")] {
+            auth.user_add(AuthUserAddRequest {
+                name: name.into(),
+                password: password.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("user add");
+        }
+        for role in ["root", "queue"] {
+            auth.role_add(AuthRoleAddRequest { name: role.into() })
+                .await
+                .expect("role add");
+        }
+        auth.role_grant_permission(AuthRoleGrantPermissionRequest {
+            name: "queue".into(),
+            perm: Some(cetera::proto::authpb::Permission {
+                perm_type: cetera::proto::authpb::permission::Type::Readwrite as i32,
+                key: "q/".into(),
+                range_end: "q0".into(),
+            }),
+        })
+        .await
+        .expect("grant permission");
+        for (user, role) in [("root", "root"), ("alice", "queue")] {
+            auth.user_grant_role(AuthUserGrantRoleRequest {
+                user: user.into(),
+                role: role.into(),
+            })
+            .await
+            .expect("grant role");
+        }
+        auth.auth_enable(AuthEnableRequest {})
+            .await
+            .expect("enable");
+        let token = auth
+            .authenticate(AuthenticateRequest {
+                name: "alice".into(),
+                password: "alicepw".into(),
+            })
+            .await
+            .expect("authenticate")
+            .into_inner()
+            .token;
+
+        let mut locks = lock_client(s);
+        let lock = |name: &str| LockRequest {
+            name: name.into(),
+            lease: 0,
+        };
+        let held = locks.lock(with_token(lock("q"), &token)).await;
+        let key = held
+            .as_ref()
+            .map(|r| r.get_ref().key.clone())
+            .unwrap_or_default();
+        learn_lease_from_key(s, &key);
+        s.note("lock q as alice", outcome(held, show_lock));
+        let refused = locks.lock(with_token(lock("other"), &token)).await;
+        s.note("lock other as alice", outcome(refused, show_lock));
+        let anonymous = locks.lock(lock("q")).await;
+        s.note("lock q without a token", outcome(anonymous, show_lock));
+        let unlocked = locks
+            .unlock(with_token(UnlockRequest { key: key.clone() }, &token))
+            .await;
+        s.note(
+            "unlock as alice",
+            outcome(unlocked, |r| format!("rev={}", header_rev(&r.header))),
+        );
+
+        let mut elections = election_client(s);
+        let leader = |name: &str| LeaderRequest { name: name.into() };
+        let none = elections.leader(with_token(leader("q"), &token)).await;
+        s.note(
+            "leader of q as alice",
+            outcome(none, |r| show_kv_opt(&r.kv)),
+        );
+        let refused = elections.leader(with_token(leader("other"), &token)).await;
+        s.note(
+            "leader of other as alice",
+            outcome(refused, |r| show_kv_opt(&r.kv)),
+        );
+        let campaign = |name: &str| CampaignRequest {
+            name: name.into(),
+            lease: 0,
+            value: b"v".to_vec(),
+        };
+        let refused = elections
+            .campaign(with_token(campaign("other"), &token))
+            .await;
+        s.note(
+            "campaign for other as alice",
+            outcome(refused, show_campaign),
+        );
+    })
+    .await;
+}
+
+fn show_kv_opt(kv: &Option<cetera::proto::mvccpb::KeyValue>) -> String {
+    kv.as_ref().map(show_kv).unwrap_or_else(|| "none".into())
+}

@@ -16,9 +16,9 @@ use tonic::{Code, Request, Response, Status};
 use super::ServerInfo;
 use super::lock::txn_range_kvs;
 use super::prefix_queue::{
-    CleanupOnDrop, RevisionFeed, contender_key, created_at, delete_op, if_created_at,
-    oldest_or_newest, put_op, queue_prefix, range_op, session_lease, through_internal_client,
-    wait_deletes,
+    CleanupOnDrop, RevisionFeed, authorize_queue, contender_key, created_at, delete_op,
+    if_created_at, oldest_or_newest, put_op, queue_prefix, range_op, session_lease,
+    through_internal_client, wait_deletes,
 };
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::range_request::SortOrder;
@@ -267,6 +267,12 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
+        authorize_queue(
+            &self.info,
+            request.metadata(),
+            &request.get_ref().name,
+            true,
+        )?;
         self.campaign_inner(request.into_inner())
             .await
             .map(Response::new)
@@ -277,6 +283,9 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
+        if let Some(leader) = &request.get_ref().leader {
+            authorize_queue(&self.info, request.metadata(), &leader.name, true)?;
+        }
         self.proclaim_inner(request.into_inner())
             .await
             .map(Response::new)
@@ -287,6 +296,12 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
+        authorize_queue(
+            &self.info,
+            request.metadata(),
+            &request.get_ref().name,
+            false,
+        )?;
         self.leader_inner(request.into_inner())
             .await
             .map(Response::new)
@@ -299,6 +314,12 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<ObserveStream>, Status> {
+        authorize_queue(
+            &self.info,
+            request.metadata(),
+            &request.get_ref().name,
+            false,
+        )?;
         let prefix = queue_prefix(&request.into_inner().name);
         let (out, responses) = mpsc::channel(1);
         let watching = out.clone();
@@ -326,6 +347,9 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
+        if let Some(leader) = &request.get_ref().leader {
+            authorize_queue(&self.info, request.metadata(), &leader.name, true)?;
+        }
         self.resign_inner(request.into_inner())
             .await
             .map(Response::new)

@@ -10,9 +10,11 @@ use tonic::{Code, Request, Response, Status};
 
 use super::ServerInfo;
 use super::prefix_queue::{
-    CleanupOnDrop, contender_key, created_at, delete_op, is_server_stopped, oldest_or_newest,
-    put_op, queue_prefix, range_op, session_lease, through_internal_client, wait_deletes,
+    CleanupOnDrop, authorize_queue, contender_key, created_at, delete_op, is_server_stopped,
+    oldest_or_newest, put_op, queue_prefix, range_op, session_lease, through_internal_client,
+    wait_deletes,
 };
+use crate::auth::perms::Access;
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::range_request::SortOrder;
 use crate::proto::etcdserverpb::response_op::Response as OpResponse;
@@ -118,6 +120,12 @@ impl<B: Backend> LockService<B> {
 #[tonic::async_trait]
 impl<B: Backend> Lock for LockService<B> {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        authorize_queue(
+            &self.info,
+            request.metadata(),
+            &request.get_ref().name,
+            true,
+        )?;
         self.acquire(request.into_inner())
             .await
             .map(Response::new)
@@ -128,6 +136,15 @@ impl<B: Backend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
+        self.info
+            .auth
+            .authorize_keys(
+                request.metadata(),
+                &request.get_ref().key,
+                b"",
+                &[Access::Write],
+            )
+            .map_err(through_internal_client)?;
         let req = request.into_inner();
         if req.key.is_empty() {
             return Err(through_internal_client(super::errors::empty_key()));

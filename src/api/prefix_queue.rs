@@ -8,7 +8,11 @@
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
+
+use super::ServerInfo;
+use crate::auth::perms::Access;
 
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -131,6 +135,25 @@ pub fn if_created_at(key: &[u8], revision: i64, then: RequestOp) -> TxnRequest {
         success: vec![then],
         failure: Vec::new(),
     }
+}
+
+/// Checks that the caller may use the queue `name`: read (Leader, Observe)
+/// or read and write (joining, leaving, proclaiming) on every key under it.
+pub fn authorize_queue(
+    info: &ServerInfo,
+    metadata: &MetadataMap,
+    name: &[u8],
+    write: bool,
+) -> Result<(), Status> {
+    let prefix = queue_prefix(name);
+    let accesses: &[Access] = if write {
+        &[Access::Read, Access::Write]
+    } else {
+        &[Access::Read]
+    };
+    info.auth
+        .authorize_keys(metadata, &prefix, &prefix_end(&prefix), accesses)
+        .map_err(through_internal_client)
 }
 
 /// An error as etcd's Lock and Election services return it: they call the

@@ -319,6 +319,23 @@ impl Auth {
         Ok(self.permitted(&caller, Access::Read, &req.key, &req.range_end)?)
     }
 
+    /// `accesses` on the keys in `[key, range_end)`: Lock and Election act on
+    /// their queue's keys for the caller (etcd runs them through an in-process
+    /// client that carries the caller's token).
+    pub fn authorize_keys(
+        &self,
+        metadata: &MetadataMap,
+        key: &[u8],
+        range_end: &[u8],
+        accesses: &[Access],
+    ) -> Result<(), Status> {
+        let caller = self.caller(metadata)?;
+        for &access in accesses {
+            self.permitted(&caller, access, key, range_end)?;
+        }
+        Ok(())
+    }
+
     /// Put needs write on its key, read too with prev_kv, and write on the
     /// keys already attached to its lease.
     pub async fn authorize_put<B: Backend>(
