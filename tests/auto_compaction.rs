@@ -190,14 +190,19 @@ async fn periodic_mode_matches_etcd() {
     .await;
 }
 
-/// Database size as Status reports it.
+/// Database size as Status reports it. On PostgreSQL the size in use: cetera's
+/// tables, without the system catalogs that make up most of a small database.
 async fn db_size(maintenance: &mut MaintenanceClient<Channel>) -> i64 {
-    maintenance
+    let status = maintenance
         .status(StatusRequest {})
         .await
         .expect("status")
-        .into_inner()
-        .db_size
+        .into_inner();
+    if std::env::var("CETERA_TEST_BACKEND").is_ok_and(|b| b == "postgres") {
+        status.db_size_in_use
+    } else {
+        status.db_size
+    }
 }
 
 /// Overwrites the same keys many times with revision-mode compaction keeping 100
@@ -234,29 +239,27 @@ async fn compaction_keeps_a_write_heavy_store_flat() {
         sizes.push(db_size(&mut maintenance).await);
     }
     eprintln!("database size after each round of {WRITES} writes: {sizes:?}");
-    if backend == "postgres" {
-        // PostgreSQL only reuses the space of deleted rows after (auto)vacuum, which
-        // runs once a minute; its size is not flat over a test this short.
-        return;
-    }
     // Without compaction the log alone would hold ROUNDS * WRITES * VALUE = 3 MB.
-    // Measured: SQLite about 0.9 MB, MySQL 0.3-0.45 MB (its sizes are InnoDB's
-    // estimates, refreshed lazily). Half the uncompacted log is a generous bound.
+    // Measured: SQLite about 0.9 MB, PostgreSQL 0.6-0.7 MB (its tables, vacuumed
+    // after each compaction), MySQL 0.2-0.45 MB (InnoDB's estimates, refreshed
+    // lazily). Half the uncompacted log is a generous bound.
     let last = *sizes.last().expect("rounds");
     let uncompacted = (ROUNDS * WRITES * VALUE) as i64;
     assert!(
         last < uncompacted / 2,
         "the database kept growing: {sizes:?}"
     );
-    if backend == "mysql" {
-        return;
-    }
-    // SQLite's page count is exact: under 2% growth after the first round was measured.
-    // A quarter of the first round's size allows for page churn, far below the 2 MB of
-    // log rows that two more rounds would add without compaction.
+    // Growth after the first round, against the 2 MB of log rows that two more
+    // rounds would add without compaction. SQLite's page count is exact (under 2%
+    // measured); PostgreSQL's tables grew by about 20% while VACUUM caught up.
+    let allowed_growth = match backend.as_str() {
+        "mysql" => return,
+        "postgres" => 2,
+        _ => 4,
+    };
     let first = sizes[0];
     assert!(
-        last <= first + first / 4,
+        last <= first + first / allowed_growth,
         "the database kept growing: {sizes:?}"
     );
 }

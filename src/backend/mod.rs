@@ -279,6 +279,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Gives space freed by deleted rows back, online (etcd's Defragment).
     fn defragment(&self) -> impl Future<Output = BackendResult<()>> + Send;
 
+    /// Makes the space of rows a compaction removed reusable by new rows,
+    /// where the database does not do that by itself soon enough. SQLite and
+    /// InnoDB reuse freed pages at once; PostgreSQL needs a VACUUM.
+    fn reclaim_compacted(&self) -> impl Future<Output = BackendResult<()>> + Send {
+        async { Ok(()) }
+    }
+
     /// Longest key the schema can store and index, in bytes.
     fn max_key_bytes(&self) -> usize {
         usize::MAX

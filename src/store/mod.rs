@@ -426,14 +426,19 @@ const COMPACTION_LOCK: &str = "cetera-compaction";
 /// Database-wide lock of the instance that expires leases.
 const LEASE_EXPIRY_LOCK: &str = "cetera-lease-expiry";
 
+/// Least time between two `Backend::reclaim_compacted` calls.
+const RECLAIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Removes compacted history step by step whenever the compact revision is
-/// ahead of what was removed, on one instance at a time. Holds only a weak
-/// handle on the queue so that shutdown is not kept waiting for it.
+/// ahead of what was removed, on one instance at a time, then lets the
+/// backend reclaim the space. Holds only a weak handle on the queue so that
+/// shutdown is not kept waiting for it.
 async fn compactor<B: Backend>(
     backend: Arc<B>,
     queue: mpsc::WeakSender<Queued>,
     mut revisions: watch::Receiver<Revisions>,
 ) {
+    let mut last_reclaim: Option<std::time::Instant> = None;
     loop {
         if revisions
             .wait_for(|r| r.compacted_through < r.compact)
@@ -448,7 +453,20 @@ async fn compactor<B: Backend>(
         }
         let Some(queue) = queue.upgrade() else { return };
         match write_through(&queue, WriteRequest::CompactStep).await {
-            Ok(_) => {}
+            Ok(_) => {
+                let caught_up = {
+                    let r = revisions.borrow();
+                    r.compacted_through >= r.compact
+                };
+                // Once per finished compaction, and at most every
+                // RECLAIM_INTERVAL when compactions come back to back.
+                if caught_up && last_reclaim.is_none_or(|at| at.elapsed() >= RECLAIM_INTERVAL) {
+                    last_reclaim = Some(std::time::Instant::now());
+                    if let Err(error) = backend.reclaim_compacted().await {
+                        tracing::warn!("cannot reclaim compacted space: {error:#}");
+                    }
+                }
+            }
             Err(StoreError::Stopped) => return,
             Err(error) => {
                 tracing::warn!("compaction step failed, retrying: {error}");
