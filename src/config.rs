@@ -167,6 +167,31 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Copy the whole store from one datastore to another (any of SQLite,
+    /// PostgreSQL, MySQL), keeping revisions, leases, users and the cluster
+    /// id, then verify both sides. --datastore-cafile/certfile/keyfile apply
+    /// to both.
+    Migrate {
+        /// Source, in --endpoint's forms (sqlite://PATH, postgres://, mysql://).
+        #[arg(long)]
+        from: String,
+        /// Target, in --endpoint's forms; must be empty unless --force.
+        #[arg(long)]
+        to: String,
+        /// Replace whatever the target holds.
+        #[arg(long)]
+        force: bool,
+        /// Copy the history after the compact revision; with false, only the
+        /// live keys, compacted at the current revision.
+        #[arg(
+            long,
+            num_args = 0..=1,
+            default_value_t = true,
+            default_missing_value = "true",
+            value_parser = clap::builder::BoolishValueParser::new()
+        )]
+        history: bool,
+    },
 }
 
 /// A duration such as `5s` or `100ms`, at least 100 ms as etcd requires.
