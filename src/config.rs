@@ -172,7 +172,8 @@ pub enum Command {
     /// id, then verify both sides. --datastore-cafile/certfile/keyfile apply
     /// to both.
     Migrate {
-        /// Source, in --endpoint's forms (sqlite://PATH, postgres://, mysql://).
+        /// Source, in --endpoint's forms (sqlite://PATH, postgres://, mysql://),
+        /// or a live etcd: http://host:2379 or https://host:2379.
         #[arg(long)]
         from: String,
         /// Target, in --endpoint's forms; must be empty unless --force.
@@ -191,6 +192,15 @@ pub enum Command {
             value_parser = clap::builder::BoolishValueParser::new()
         )]
         history: bool,
+        /// CA certificate of an https:// etcd source (etcdctl's --cacert).
+        #[arg(long)]
+        from_cacert: Option<PathBuf>,
+        /// Client certificate for an etcd source (etcdctl's --cert).
+        #[arg(long)]
+        from_cert: Option<PathBuf>,
+        /// Key of --from-cert (etcdctl's --key).
+        #[arg(long)]
+        from_key: Option<PathBuf>,
     },
 }
 

@@ -20,12 +20,20 @@ async fn main() -> std::process::ExitCode {
             to,
             force,
             history,
+            from_cacert,
+            from_cert,
+            from_key,
         }) => {
             let options = cetera::migrate::MigrateOptions {
                 from: from.clone(),
                 to: to.clone(),
                 force: *force,
                 history: *history,
+                etcd_tls: cetera::migrate::etcd::EtcdTls {
+                    cacert: from_cacert.clone(),
+                    cert: from_cert.clone(),
+                    key: from_key.clone(),
+                },
             };
             cetera::migrate::migrate_command(&config, &options).await
         }

@@ -9,6 +9,10 @@
 //! clean. Revisions, create/mod revisions, versions, leases with their
 //! deadlines (so the remaining TTL carries over), users, roles, the auth
 //! switch and the cluster and member ids are kept.
+//!
+//! `--from http(s)://...` imports a live etcd instead (see `etcd`).
+
+pub mod etcd;
 
 use std::io::IsTerminal;
 
@@ -33,6 +37,8 @@ pub struct MigrateOptions {
     /// Copy the history after the compact revision (otherwise only live keys,
     /// compacted at the current revision).
     pub history: bool,
+    /// TLS files for an etcd source.
+    pub etcd_tls: etcd::EtcdTls,
 }
 
 /// One line of the final verification: a quantity measured on both sides.
@@ -57,17 +63,34 @@ pub struct Migrated {
 
 /// `cetera migrate`: runs the migration and prints its verification.
 pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyhow::Result<()> {
-    if Datastore::parse(&options.from)? == Datastore::parse(&options.to)? {
-        bail!("--from and --to name the same datastore");
-    }
     let tls = config.datastore_tls();
-    let job = FromSource { options, tls: &tls };
-    let migrated = with_datastore(&options.from, &tls, OpenFor::Reading, job).await?;
+    let from_etcd = etcd::is_etcd_url(&options.from);
+    let migrated = if from_etcd {
+        if options.history {
+            tracing::warn!(
+                "etcd's history cannot be read through its API; importing the keys at one \
+                 revision, compacted there (as --history=false)"
+            );
+        }
+        let channel = etcd::connect(&options.from, &options.etcd_tls).await?;
+        let job = FromEtcd {
+            channel,
+            force: options.force,
+        };
+        with_datastore(&options.to, &tls, OpenFor::BulkLoad, job).await?
+    } else {
+        if Datastore::parse(&options.from)? == Datastore::parse(&options.to)? {
+            bail!("--from and --to name the same datastore");
+        }
+        let job = FromSource { options, tls: &tls };
+        with_datastore(&options.from, &tls, OpenFor::Reading, job).await?
+    };
+    let history = options.history && !from_etcd;
     println!(
         "migrated: revision {}, compact revision {}, history {}",
         migrated.revisions.current,
         migrated.revisions.compact,
-        if options.history { "kept" } else { "dropped" }
+        if history { "kept" } else { "dropped" }
     );
     for check in &migrated.checks {
         println!(
@@ -76,6 +99,19 @@ pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyho
         );
     }
     Ok(())
+}
+
+/// An import from etcd: the target opened, etcd connected.
+struct FromEtcd {
+    channel: tonic::transport::Channel,
+    force: bool,
+}
+
+impl BackendJob for FromEtcd {
+    type Output = Migrated;
+    async fn run<T: Backend>(self, target: &T) -> anyhow::Result<Migrated> {
+        etcd::import(self.channel, target, self.force).await
+    }
 }
 
 /// The outer job: holds the opened source, opens the target.
@@ -122,7 +158,7 @@ pub async fn migrate<S: Backend, T: Backend>(
     let mut writer = target.write().await?;
     empty_target(&mut writer, force).await?;
 
-    let bar = progress_bar(total);
+    let bar = progress_bar(total, "revisions");
     tracing::info!("copying {total} revisions");
     let mut logged = 0;
     let mut progress = |revision: i64| {
@@ -146,14 +182,14 @@ pub async fn migrate<S: Backend, T: Backend>(
 }
 
 /// A bar on stderr when it is a terminal, hidden otherwise.
-fn progress_bar(total: i64) -> ProgressBar {
+fn progress_bar(total: i64, unit: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total.max(0) as u64);
-    let style = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} revisions {msg} (eta {eta})",
-    )
+    let style = ProgressStyle::with_template(&format!(
+        "{{spinner}} [{{elapsed_precise}}] {{bar:40}} {{pos}}/{{len}} {unit} {{msg}} (eta {{eta}})"
+    ))
     .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
@@ -213,7 +249,13 @@ async fn verify<R: ReadTxn, C: ReadTxn>(
         source: source.leases().await?.len().to_string(),
         target: target.leases().await?.len().to_string(),
     });
-    for check in &checks {
+    all_equal(&checks)?;
+    Ok(checks)
+}
+
+/// Fails on the first check whose two sides differ.
+fn all_equal(checks: &[Check]) -> anyhow::Result<()> {
+    for check in checks {
         if check.source != check.target {
             bail!(
                 "verification failed: {} is {} on the source but {} on the target",
@@ -223,5 +265,5 @@ async fn verify<R: ReadTxn, C: ReadTxn>(
             );
         }
     }
-    Ok(checks)
+    Ok(())
 }

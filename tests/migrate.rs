@@ -1,7 +1,8 @@
 //! `cetera migrate`: a round trip SQLite -> PostgreSQL -> MySQL -> SQLite of a
 //! store with 10k keys, history, deletions, a compaction and leases, compared
 //! at every revision; migration without history; refusing a non-empty
-//! target; and a migration killed half-way, then run again.
+//! target; a migration killed half-way, then run again; and an import from
+//! a live etcd 3.5.1 populated with etcdctl.
 
 mod common;
 
@@ -26,7 +27,7 @@ use cetera::proto::etcdserverpb::{
 };
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
-use common::{Cetera, channel, in_ci};
+use common::{Cetera, Etcd, channel, etcdctl_35, in_ci, run_etcdctl};
 
 /// Runs `cetera migrate --from FROM --to TO [extra]`.
 fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
@@ -506,4 +507,151 @@ async fn a_migration_killed_half_way_leaves_an_empty_target_and_a_rerun_complete
         stdout.contains("verified keys at revision 20001: source 5000 target 5000"),
         "{stdout}"
     );
+}
+
+/// Every key at `revision` (0: current), with the header's revision.
+async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
+    let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
+    let request = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        revision,
+        ..Default::default()
+    };
+    match kv.range(request).await {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            Ok((resp.header.unwrap().revision, resp.kvs))
+        }
+        Err(status) => Err(status.message().to_string()),
+    }
+}
+
+/// Each lease: id, granted TTL, remaining TTL and its keys.
+async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
+    let mut lease = LeaseClient::new(channel(endpoint).await);
+    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
+    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
+    ids.sort();
+    let mut rows = Vec::new();
+    for id in ids {
+        let ttl = lease
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut keys = ttl.keys;
+        keys.sort();
+        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_a_live_etcd_at_one_revision() {
+    let (Some(etcd), Some(etcdctl)) = (Etcd::start().await, etcdctl_35()) else {
+        return;
+    };
+    let ctl = |args: &[&str]| {
+        let output = run_etcdctl(&etcdctl, &etcd.addr(), args);
+        assert_success(&output, &format!("etcdctl {args:?}"));
+        String::from_utf8_lossy(&output.stdout).to_string()
+    };
+    // Keys written and rewritten (versions), a transaction, deletions, a
+    // compaction, and a lease with keys, all with etcdctl...
+    let granted = ctl(&["lease", "grant", "3600"]);
+    let lease_hex = granted.split_whitespace().nth(1).unwrap().to_string();
+    for i in 0..5 {
+        ctl(&["put", &format!("/app/{i}"), &format!("one{i}")]);
+        ctl(&["put", &format!("/app/{i}"), &format!("two{i}")]);
+    }
+    ctl(&["put", "/leased/a", "x", &format!("--lease={lease_hex}")]);
+    ctl(&["put", "/leased/b", "y", &format!("--lease={lease_hex}")]);
+    ctl(&["del", "/app/3"]);
+    let revision = ctl(&["put", "/app/3", "again", "-w", "json"]);
+    let compact_at: i64 = revision
+        .split("\"revision\":")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    ctl(&["compaction", &compact_at.to_string()]);
+    // ...and, to need several pages, 2500 keys three transactions at a time.
+    let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
+    for batch in 0..25 {
+        let success = (0..100)
+            .map(|i| RequestOp {
+                request: Some(Request::RequestPut(put(
+                    &format!("/bulk/{:05}", batch * 100 + i),
+                    "b",
+                    0,
+                ))),
+            })
+            .collect();
+        let txn = TxnRequest {
+            compare: vec![],
+            success,
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+    }
+    ctl(&["put", "/app/0", "three"]);
+    let (pinned, want_keys) = all_keys(&etcd.endpoint(), 0).await.unwrap();
+    let want_leases = leases(&etcd.endpoint()).await;
+    assert_eq!(want_keys.len(), 2507);
+
+    let dir = tempfile::tempdir().unwrap();
+    let target = FreshDatabase::new(dir.path());
+    let output = migrate(&etcd.endpoint(), &target.endpoint, &[]);
+    assert_success(&output, "cetera migrate --from etcd");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "migrated: revision {pinned}, compact revision {pinned}, history dropped"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "verified keys at revision {pinned}: source 2507 target 2507"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("verified leases: source 1 target 1"),
+        "{stdout}"
+    );
+
+    let server = Cetera::start_on(&target.endpoint).await;
+    // The same keys, values, create and mod revisions, versions and leases,
+    // at the same revision; older revisions are compacted.
+    let (got_revision, got_keys) = all_keys(&server.endpoint(), 0).await.unwrap();
+    assert_eq!(got_revision, pinned);
+    assert_eq!(got_keys, want_keys);
+    assert_eq!(
+        all_keys(&server.endpoint(), pinned - 1).await.unwrap_err(),
+        "etcdserver: mvcc: required revision has been compacted"
+    );
+    let got_leases = leases(&server.endpoint()).await;
+    assert_eq!(got_leases.len(), 1);
+    let ((id, granted, remaining, keys), (want_id, want_granted, want_remaining, want_lease_keys)) =
+        (&got_leases[0], &want_leases[0]);
+    assert_eq!(
+        (id, granted, keys),
+        (want_id, want_granted, want_lease_keys)
+    );
+    assert_eq!(keys.len(), 2);
+    // The remaining TTL carries over (it is not reset to the granted TTL).
+    assert!(
+        *remaining > 0 && remaining <= want_remaining,
+        "{remaining} vs {want_remaining}"
+    );
+
+    // A server with data is refused as a target, as for datastores.
+    drop(server);
+    let refused = migrate(&etcd.endpoint(), &target.endpoint, &[]);
+    assert!(text(&refused).contains("use --force"), "{}", text(&refused));
 }
