@@ -467,6 +467,24 @@ mod tests {
     }
 
     #[test]
+    fn migrate_keeps_history_unless_told_false() {
+        let history = |extra: &[&str]| {
+            let mut args = vec!["cetera", "migrate", "--from", "/a.db", "--to", "/b.db"];
+            args.extend_from_slice(extra);
+            match Config::parse_from(args).command {
+                Some(Command::Migrate { history, force, .. }) => (history, force),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(history(&[]), (true, false));
+        assert_eq!(history(&["--history"]), (true, false));
+        assert_eq!(history(&["--history=false", "--force"]), (false, true));
+        assert_eq!(history(&["--history", "true"]), (true, false));
+        let missing = Config::try_parse_from(["cetera", "migrate", "--from", "/a.db"]);
+        assert!(missing.is_err());
+    }
+
+    #[test]
     fn datastore_endpoint_alias() {
         let config = Config::parse_from(["cetera", "--datastore-endpoint", "/x.db"]);
         assert_eq!(config.endpoint, "/x.db");
