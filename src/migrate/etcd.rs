@@ -7,7 +7,7 @@
 //! Leases are copied with their granted TTL and remaining time. Users,
 //! roles and the cluster id are not (the target gets a new identity).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -87,6 +87,8 @@ pub async fn import<T: Backend>(
     let mut next_key = vec![0];
     let mut copied = 0i64;
     let mut subs: HashMap<i64, i64> = HashMap::new();
+    // Leases that copied keys name: each must exist in the target.
+    let mut attached: HashSet<i64> = HashSet::new();
     let mut hasher = LiveKeysHasher::default();
     let mut bar = None;
     let mut total = 0;
@@ -114,6 +116,9 @@ pub async fn import<T: Backend>(
             // Keys changed in one transaction share a revision; each gets
             // its own place in it.
             let sub = subs.entry(kv.mod_revision).or_insert(0);
+            if kv.lease != 0 {
+                attached.insert(kv.lease);
+            }
             hasher.add(&kv);
             next_key = kv.key.clone();
             next_key.push(0);
@@ -150,23 +155,31 @@ pub async fn import<T: Backend>(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     let mut leases = 0;
-    for status in ids {
+    let mut ids: Vec<i64> = ids.iter().map(|status| status.id).collect();
+    // A lease that expired or was revoked after the keys were read is gone
+    // from the list but still named by keys at the pinned revision.
+    ids.extend(
+        attached
+            .iter()
+            .filter(|id| !ids.contains(id))
+            .collect::<Vec<_>>(),
+    );
+    for id in ids {
         let ttl = lease
-            .lease_time_to_live(LeaseTimeToLiveRequest {
-                id: status.id,
-                keys: false,
-            })
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
             .await
             .context("etcd LeaseTimeToLive failed")?
             .into_inner();
-        // Expired (or revoked) since it was listed: etcd is removing it.
-        if ttl.ttl <= 0 {
+        // Expired (or revoked) since the keys were read: etcd is deleting
+        // its keys. Without keys it is dropped; with keys it is copied
+        // already expired, so cetera deletes them too.
+        if ttl.ttl <= 0 && !attached.contains(&id) {
             continue;
         }
         let row = LeaseRow {
-            id: ttl.id,
-            ttl: ttl.granted_ttl,
-            expires_at: now_ms + ttl.ttl * 1000,
+            id,
+            ttl: ttl.granted_ttl.max(1),
+            expires_at: now_ms + ttl.ttl.max(0) * 1000,
         };
         writer.put_lease(&row).await?;
         leases += 1;
