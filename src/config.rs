@@ -167,6 +167,41 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Copy the whole store from one datastore to another (any of SQLite,
+    /// PostgreSQL, MySQL), keeping revisions, leases, users and the cluster
+    /// id, then verify both sides. --datastore-cafile/certfile/keyfile apply
+    /// to both.
+    Migrate {
+        /// Source, in --endpoint's forms (sqlite://PATH, postgres://, mysql://),
+        /// or a live etcd: http://host:2379 or https://host:2379.
+        #[arg(long)]
+        from: String,
+        /// Target, in --endpoint's forms; must be empty unless --force.
+        #[arg(long)]
+        to: String,
+        /// Replace whatever the target holds.
+        #[arg(long)]
+        force: bool,
+        /// Copy the history after the compact revision; with false, only the
+        /// live keys, compacted at the current revision.
+        #[arg(
+            long,
+            num_args = 0..=1,
+            default_value_t = true,
+            default_missing_value = "true",
+            value_parser = clap::builder::BoolishValueParser::new()
+        )]
+        history: bool,
+        /// CA certificate of an https:// etcd source (etcdctl's --cacert).
+        #[arg(long)]
+        from_cacert: Option<PathBuf>,
+        /// Client certificate for an etcd source (etcdctl's --cert).
+        #[arg(long)]
+        from_cert: Option<PathBuf>,
+        /// Key of --from-cert (etcdctl's --key).
+        #[arg(long)]
+        from_key: Option<PathBuf>,
+    },
 }
 
 /// A duration such as `5s` or `100ms`, at least 100 ms as etcd requires.
@@ -429,6 +464,24 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn migrate_keeps_history_unless_told_false() {
+        let history = |extra: &[&str]| {
+            let mut args = vec!["cetera", "migrate", "--from", "/a.db", "--to", "/b.db"];
+            args.extend_from_slice(extra);
+            match Config::parse_from(args).command {
+                Some(Command::Migrate { history, force, .. }) => (history, force),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(history(&[]), (true, false));
+        assert_eq!(history(&["--history"]), (true, false));
+        assert_eq!(history(&["--history=false", "--force"]), (false, true));
+        assert_eq!(history(&["--history", "true"]), (true, false));
+        let missing = Config::try_parse_from(["cetera", "migrate", "--from", "/a.db"]);
+        assert!(missing.is_err());
     }
 
     #[test]

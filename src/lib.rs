@@ -9,6 +9,7 @@ pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod metrics;
+pub mod migrate;
 pub mod proto;
 pub mod server;
 pub mod snapshot;

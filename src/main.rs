@@ -1,5 +1,5 @@
 //! The `cetera` binary: parses flags, sets up logging, serves until SIGINT or
-//! SIGTERM, or runs a one-off command such as `cetera restore`.
+//! SIGTERM, or runs a one-off command such as `cetera restore` or `cetera migrate`.
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -14,6 +14,28 @@ async fn main() -> std::process::ExitCode {
         None => cetera::server::run(config, shutdown_signal()).await,
         Some(Command::Restore { file, force }) => {
             cetera::snapshot::restore_command(&config, file, *force).await
+        }
+        Some(Command::Migrate {
+            from,
+            to,
+            force,
+            history,
+            from_cacert,
+            from_cert,
+            from_key,
+        }) => {
+            let options = cetera::migrate::MigrateOptions {
+                from: from.clone(),
+                to: to.clone(),
+                force: *force,
+                history: *history,
+                etcd_tls: cetera::migrate::etcd::EtcdTls {
+                    cacert: from_cacert.clone(),
+                    cert: from_cert.clone(),
+                    key: from_key.clone(),
+                },
+            };
+            cetera::migrate::migrate_command(&config, &options).await
         }
     };
     match outcome {

@@ -9,7 +9,8 @@
 //!
 //! Both directions copy through the backend traits: a snapshot is a copy of
 //! the store into a fresh SQLite backend, a restore a copy of a snapshot
-//! file into the target backend.
+//! file into the target backend. `cetera migrate` (crate::migrate) uses the
+//! same copy between two datastores.
 
 use std::io::Read;
 use std::path::Path;
@@ -18,11 +19,10 @@ use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
 use crate::auth;
-use crate::backend::mysql::Mysql;
-use crate::backend::postgres::Postgres;
+use crate::backend::open::{BackendJob, OpenFor, with_datastore};
 use crate::backend::sqlite::Sqlite;
 use crate::backend::{AuthKind, Backend, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
-use crate::config::{Config, Datastore};
+use crate::config::Config;
 use crate::store::hash::LOG_PAGE_REVISIONS;
 
 /// Bytes of the SHA-256 trailer.
@@ -30,28 +30,52 @@ pub const TRAILER_BYTES: u64 = 32;
 
 /// What a copy is for: it decides what happens to settings and lease deadlines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Purpose {
+pub(crate) enum Purpose {
     /// Into a snapshot file: everything as it is.
     Snapshot,
     /// Into a datastore: a new identity, and leases restarted.
     Restore,
+    /// From one datastore to another: the same identity and lease deadlines;
+    /// without `history`, only each live key's latest row, compacted at the
+    /// current revision.
+    Migrate {
+        /// Whether the log after the compact revision is copied.
+        history: bool,
+    },
 }
 
-/// Copies the store seen by `source` into the (empty) `target`, page by page.
-async fn copy<R: ReadTxn, W: WriteTxn>(
+/// Copies the store seen by `source` into the (empty) `target`, page by page,
+/// calling `progress` with the revision reached after each page.
+pub(crate) async fn copy<R: ReadTxn, W: WriteTxn>(
     source: &mut R,
     target: &mut W,
     purpose: Purpose,
+    progress: &mut dyn FnMut(i64),
 ) -> anyhow::Result<Revisions> {
-    let revisions = source.revisions().await?;
+    let mut revisions = source.revisions().await?;
+    // Without history, a log row is copied only if it is its key's live row.
+    let live = match purpose {
+        Purpose::Migrate { history: false } => {
+            revisions.compact = revisions.current;
+            revisions.compacted_through = revisions.current;
+            Some(live_mod_revisions(source).await?)
+        }
+        _ => None,
+    };
     // Replaying the log in (revision, sub) order rebuilds the live-key table
     // too: each live key's latest row survives compaction.
     let mut from = 0;
     while from < revisions.current {
         let to = (from + LOG_PAGE_REVISIONS).min(revisions.current);
         for entry in source.log_entries(from, to).await? {
-            target.append(&entry).await?;
+            let keep = live.as_ref().is_none_or(|live| {
+                !entry.deleted && live.get(&entry.kv.key) == Some(&entry.kv.mod_revision)
+            });
+            if keep {
+                target.append(&entry).await?;
+            }
         }
+        progress(to);
         from = to;
     }
     let now_ms = std::time::SystemTime::now()
@@ -78,7 +102,7 @@ async fn copy<R: ReadTxn, W: WriteTxn>(
             target.set_setting(name, value).await?;
         }
     }
-    if purpose == Purpose::Snapshot {
+    if purpose != Purpose::Restore {
         for name in [crate::store::CLUSTER, crate::store::MEMBER] {
             if let Some(value) = source.setting(name).await? {
                 target.set_setting(name, value).await?;
@@ -89,6 +113,53 @@ async fn copy<R: ReadTxn, W: WriteTxn>(
     Ok(revisions)
 }
 
+/// Every live key's mod revision, read page by page.
+async fn live_mod_revisions<R: ReadTxn>(
+    source: &mut R,
+) -> anyhow::Result<std::collections::HashMap<Vec<u8>, i64>> {
+    const PAGE: usize = 1000;
+    let mut live = std::collections::HashMap::new();
+    let mut keys = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    loop {
+        let page = source.range(&keys, ReadAt::Current, PAGE, false).await?;
+        let full = page.len() == PAGE;
+        if let Some(last) = page.last() {
+            keys.start = last.key.clone();
+            keys.start.push(0);
+        }
+        live.extend(page.into_iter().map(|kv| (kv.key, kv.mod_revision)));
+        if !full {
+            return Ok(live);
+        }
+    }
+}
+
+/// Makes `target` ready to be copied into: refuses one holding any data
+/// unless `force`; either way clears it (the identity too).
+pub(crate) async fn empty_target<W: WriteTxn>(target: &mut W, force: bool) -> anyhow::Result<()> {
+    if !force {
+        let current = target.revisions().await?;
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        let keys = target.count(&everything, ReadAt::Current).await?;
+        let leases = target.leases().await?.len();
+        if current != Revisions::EMPTY_STORE || keys > 0 || leases > 0 {
+            bail!(
+                "the target datastore is not empty (revision {}, {keys} keys, {leases} leases); \
+                 use --force to replace its contents",
+                current.current
+            );
+        }
+    }
+    target.clear().await?;
+    Ok(())
+}
+
 /// Writes one consistent view of `backend` to a new snapshot database at
 /// `path` (without the trailer).
 pub async fn write_database<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<()> {
@@ -96,7 +167,7 @@ pub async fn write_database<B: Backend>(backend: &B, path: &Path) -> anyhow::Res
     let file = Sqlite::open(path)?;
     file.prepare_bulk_load(true).await?;
     let mut target = file.write().await?;
-    copy(&mut source, &mut target, Purpose::Snapshot).await?;
+    copy(&mut source, &mut target, Purpose::Snapshot, &mut |_| {}).await?;
     target.commit().await?;
     drop(source);
     file.finish_scratch().await?;
@@ -166,27 +237,9 @@ pub async fn restore<B: Backend>(
     let mut source = Sqlite::read_snapshot_file(file)
         .with_context(|| format!("cannot read snapshot {}", file.display()))?;
     let mut target = backend.write().await?;
-    if force {
-        target.clear().await?;
-    } else {
-        let current = target.revisions().await?;
-        let everything = KeyRange {
-            start: Vec::new(),
-            end: None,
-        };
-        let keys = target.count(&everything, ReadAt::Current).await?;
-        let leases = target.leases().await?.len();
-        if current != Revisions::EMPTY_STORE || keys > 0 || leases > 0 {
-            bail!(
-                "the target datastore is not empty (revision {}, {keys} keys, {leases} leases); \
-                 use --force to replace its contents",
-                current.current
-            );
-        }
-        // Drop the target's identity too: a restored store is a new cluster.
-        target.clear().await?;
-    }
-    let revisions = copy(&mut source, &mut target, Purpose::Restore).await?;
+    // This drops the target's identity too: a restored store is a new cluster.
+    empty_target(&mut target, force).await?;
+    let revisions = copy(&mut source, &mut target, Purpose::Restore, &mut |_| {}).await?;
     target.commit().await?;
     Ok(Restored {
         revisions,
@@ -196,21 +249,19 @@ pub async fn restore<B: Backend>(
 
 /// `cetera restore FILE`: opens the datastore named by the flags and restores into it.
 pub async fn restore_command(config: &Config, file: &Path, force: bool) -> anyhow::Result<()> {
-    let restored = match Datastore::parse(&config.endpoint)? {
-        Datastore::Sqlite(path) => {
-            let backend = Sqlite::open(&path)?;
-            backend.prepare_bulk_load(false).await?;
-            restore(file, &backend, force).await?
+    struct RestoreJob<'a> {
+        file: &'a Path,
+        force: bool,
+    }
+    impl BackendJob for RestoreJob<'_> {
+        type Output = Restored;
+        async fn run<B: Backend>(self, backend: &B) -> anyhow::Result<Restored> {
+            restore(self.file, backend, self.force).await
         }
-        Datastore::Postgres(url) => {
-            let backend = Postgres::connect(&url, &config.datastore_tls()).await?;
-            restore(file, &backend, force).await?
-        }
-        Datastore::Mysql(url) => {
-            let backend = Mysql::connect(&url, &config.datastore_tls()).await?;
-            restore(file, &backend, force).await?
-        }
-    };
+    }
+    let job = RestoreJob { file, force };
+    let tls = config.datastore_tls();
+    let restored = with_datastore(&config.endpoint, &tls, OpenFor::BulkLoad, job).await?;
     if !restored.checksummed {
         tracing::warn!("the snapshot has no SHA-256 trailer; restored without checking it");
     }

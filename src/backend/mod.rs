@@ -8,6 +8,7 @@
 #[cfg(test)]
 pub mod conformance;
 pub mod mysql;
+pub mod open;
 pub mod postgres;
 pub mod sqlite;
 

@@ -117,23 +117,7 @@ pub async fn hash_kv<T: ReadTxn>(txn: &mut T, revision: i64) -> StoreResult<KvHa
             } else {
                 ReadAt::Revision(revision)
             };
-            let mut keys = KeyRange {
-                start: Vec::new(),
-                end: None,
-            };
-            loop {
-                let page = txn.range(&keys, at, KEY_PAGE, false).await?;
-                for kv in page.iter().filter(|kv| kv.mod_revision <= revs.compact) {
-                    hasher.row(b'S', kv, 0, false);
-                }
-                match page.last() {
-                    Some(last) if page.len() == KEY_PAGE => {
-                        keys.start = last.key.clone();
-                        keys.start.push(0);
-                    }
-                    _ => break,
-                }
-            }
+            hash_surviving_rows(txn, at, revs.compact, &mut hasher).await?;
         }
         for_each_log_entry(txn, revs.compact, revision, |entry| hasher.entry(&entry)).await?;
     }
@@ -142,6 +126,68 @@ pub async fn hash_kv<T: ReadTxn>(txn: &mut T, revision: i64) -> StoreResult<KvHa
         current: revs.current,
         compact: revs.compact,
     })
+}
+
+/// Feeds the key states alive at `at` whose latest change is at or below
+/// `compact` to `hasher`, one page of keys at a time.
+async fn hash_surviving_rows<T: ReadTxn>(
+    txn: &mut T,
+    at: ReadAt,
+    compact: i64,
+    hasher: &mut CanonicalHasher,
+) -> StoreResult<()> {
+    let mut keys = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    loop {
+        let page = txn.range(&keys, at, KEY_PAGE, false).await?;
+        for kv in page.iter().filter(|kv| kv.mod_revision <= compact) {
+            hasher.row(b'S', kv, 0, false);
+        }
+        match page.last() {
+            Some(last) if page.len() == KEY_PAGE => {
+                keys.start = last.key.clone();
+                keys.start.push(0);
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// The HashKV that the store would have if it were compacted at its current
+/// revision: a digest of the live keys alone. `cetera migrate` without
+/// history compares it with the target's HashKV.
+pub async fn hash_kv_if_compacted<T: ReadTxn>(txn: &mut T) -> StoreResult<u32> {
+    let revs = txn.revisions().await?;
+    let mut hasher = CanonicalHasher::new(b"cetera-hashkv-1");
+    if revs.current > 0 {
+        hash_surviving_rows(txn, ReadAt::Current, revs.current, &mut hasher).await?;
+    }
+    Ok(hasher.finish())
+}
+
+/// Builds, from live keys fed in key order, the HashKV that a store holding
+/// exactly those keys, compacted at its current revision, has: how an import
+/// from etcd checks what it wrote without reading it twice.
+pub struct LiveKeysHasher(CanonicalHasher);
+
+impl Default for LiveKeysHasher {
+    fn default() -> Self {
+        LiveKeysHasher(CanonicalHasher::new(b"cetera-hashkv-1"))
+    }
+}
+
+impl LiveKeysHasher {
+    /// Adds the next key (keys must come in key order).
+    pub fn add(&mut self, kv: &KeyValue) {
+        self.0.row(b'S', kv, 0, false);
+    }
+
+    /// The digest.
+    pub fn finish(self) -> u32 {
+        self.0.finish()
+    }
 }
 
 /// etcd Hash: a digest of the whole store — counters, every log row and

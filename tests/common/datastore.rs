@@ -47,7 +47,12 @@ pub struct FreshDatabase {
 impl FreshDatabase {
     /// A new database of the chosen kind; SQLite files go in `dir`.
     pub fn new(dir: &Path) -> FreshDatabase {
-        let backend = test_backend();
+        FreshDatabase::of(test_backend(), dir)
+    }
+
+    /// A new database of `backend`, whatever CETERA_TEST_BACKEND says; an
+    /// SQLite file goes in `dir` (one per directory).
+    pub fn of(backend: TestBackend, dir: &Path) -> FreshDatabase {
         let name = format!("cetera_it_{:016x}", rand::random::<u64>());
         let endpoint = match backend {
             TestBackend::Sqlite => format!("sqlite://{}", dir.join("state.db").display()),
@@ -67,6 +72,28 @@ impl FreshDatabase {
     /// The SQLite file, for tests that look at it; None on other backends.
     pub fn sqlite_path(&self) -> Option<&str> {
         self.endpoint.strip_prefix("sqlite://")
+    }
+
+    /// Whether the database server for `backend` accepts connections (SQLite
+    /// always does).
+    pub fn reachable(backend: TestBackend) -> bool {
+        let base = match backend {
+            TestBackend::Sqlite => return true,
+            TestBackend::Postgres => postgres_base(),
+            TestBackend::Mysql => mysql_base(),
+        };
+        let host_port = base
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.rsplit('@').next())
+            .map(|rest| {
+                rest.split(['/', '?'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        std::net::TcpStream::connect(host_port.as_str()).is_ok()
     }
 }
 

@@ -1,0 +1,51 @@
+//! Opening any datastore named by an endpoint and running generic code on it,
+//! so that one-off commands (`cetera restore`, `cetera migrate`) are written
+//! once for every backend rather than once per backend.
+
+use crate::backend::Backend;
+use crate::backend::mysql::Mysql;
+use crate::backend::postgres::Postgres;
+use crate::backend::sqlite::Sqlite;
+use crate::config::{Datastore, DatastoreTls};
+
+/// Work to do on an opened backend, whatever its type (a closure cannot be
+/// generic over the backend, a trait method can).
+pub trait BackendJob {
+    /// What the job returns.
+    type Output;
+    /// Runs the job on `backend`.
+    fn run<B: Backend>(self, backend: &B) -> impl Future<Output = anyhow::Result<Self::Output>>;
+}
+
+/// How a datastore is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenFor {
+    /// Read from: an SQLite file must already exist (opening would create it).
+    Reading,
+    /// Loaded in bulk: SQLite gets a large page cache.
+    BulkLoad,
+}
+
+/// Opens the datastore at `endpoint` (creating its schema if needed, as
+/// serving does) and runs `job` on it.
+pub async fn with_datastore<J: BackendJob>(
+    endpoint: &str,
+    tls: &DatastoreTls,
+    open_for: OpenFor,
+    job: J,
+) -> anyhow::Result<J::Output> {
+    match Datastore::parse(endpoint)? {
+        Datastore::Sqlite(path) => {
+            if open_for == OpenFor::Reading && !path.is_file() {
+                anyhow::bail!("SQLite database {} does not exist", path.display());
+            }
+            let backend = Sqlite::open(&path)?;
+            if open_for == OpenFor::BulkLoad {
+                backend.prepare_bulk_load(false).await?;
+            }
+            job.run(&backend).await
+        }
+        Datastore::Postgres(url) => job.run(&Postgres::connect(&url, tls).await?).await,
+        Datastore::Mysql(url) => job.run(&Mysql::connect(&url, tls).await?).await,
+    }
+}

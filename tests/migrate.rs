@@ -1,0 +1,657 @@
+//! `cetera migrate`: a round trip SQLite -> PostgreSQL -> MySQL -> SQLite of a
+//! store with 10k keys, history, deletions, a compaction and leases, compared
+//! at every revision; migration without history; refusing a non-empty
+//! target; a migration killed half-way, then run again; and an import from
+//! a live etcd 3.5.1 populated with etcdctl.
+
+mod common;
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use cetera::backend::sqlite::Sqlite;
+use cetera::backend::{Backend, LeaseRow, LogEntry, ReadTxn, Revisions, WriteTxn};
+use cetera::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use cetera::proto::etcdserverpb::kv_client::KvClient;
+use cetera::proto::etcdserverpb::lease_client::LeaseClient;
+use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use cetera::proto::etcdserverpb::request_op::Request;
+use cetera::proto::etcdserverpb::{
+    CompactionRequest, Compare, DeleteRangeRequest, HashKvRequest, LeaseGrantRequest,
+    LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, StatusRequest,
+    TxnRequest,
+};
+use cetera::proto::mvccpb::KeyValue;
+use common::datastore::{FreshDatabase, TestBackend};
+use common::{Cetera, Etcd, channel, etcdctl_35, in_ci, run_etcdctl};
+
+/// Runs `cetera migrate --from FROM --to TO [extra]`.
+fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args(["migrate", "--from", from, "--to", to])
+        .args(extra)
+        .output()
+        .expect("run cetera migrate")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn assert_success(output: &Output, what: &str) {
+    assert!(output.status.success(), "{what} failed: {}", text(output));
+}
+
+fn put(key: &str, value: &str, lease: i64) -> PutRequest {
+    PutRequest {
+        key: key.into(),
+        value: value.into(),
+        lease,
+        ..Default::default()
+    }
+}
+
+/// 10k keys written 100 to a transaction, overwrites (some under leases),
+/// a range deletion, a compaction at revision 120, then more changes.
+/// Returns the current revision.
+async fn write_store(endpoint: &str) -> i64 {
+    let channel = channel(endpoint).await;
+    let mut kv = KvClient::new(channel.clone());
+    let mut lease = LeaseClient::new(channel);
+    for (id, ttl) in [(7001, 3600), (7002, 7200)] {
+        lease
+            .lease_grant(LeaseGrantRequest { ttl, id })
+            .await
+            .unwrap();
+    }
+    for batch in 0..100 {
+        let success = (0..100)
+            .map(|i| RequestOp {
+                request: Some(Request::RequestPut(put(
+                    &format!("/data/{:05}", batch * 100 + i),
+                    &format!("v{i}"),
+                    0,
+                ))),
+            })
+            .collect();
+        // A compare that holds, so the transaction is a real conditional one.
+        let compare = vec![Compare {
+            result: CompareResult::Greater as i32,
+            target: CompareTarget::Mod as i32,
+            key: b"/nothing".to_vec(),
+            target_union: Some(TargetUnion::ModRevision(-1)),
+            ..Default::default()
+        }];
+        let txn = TxnRequest {
+            compare,
+            success,
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+    }
+    for j in 0..50 {
+        let lease = [0, 7001, 7002][j % 3];
+        kv.put(put(&format!("/data/{j:05}"), &format!("w{j}"), lease))
+            .await
+            .unwrap();
+    }
+    kv.delete_range(DeleteRangeRequest {
+        key: "/data/00100".into(),
+        range_end: "/data/00150".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    kv.compact(CompactionRequest {
+        revision: 120,
+        physical: true,
+    })
+    .await
+    .unwrap();
+    for k in 0..30 {
+        let lease = if k % 4 == 0 { 7002 } else { 0 };
+        kv.put(put(&format!("/extra/{k:03}"), "e", lease))
+            .await
+            .unwrap();
+    }
+    let mut last = 0;
+    for k in 0..5 {
+        last = kv
+            .delete_range(DeleteRangeRequest {
+                key: format!("/extra/{:03}", k * 2 + 1).into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .header
+            .unwrap()
+            .revision;
+    }
+    last
+}
+
+/// What a server holds: for every revision from 1 to `through` a digest of
+/// the full range (or the error), HashKV at the current revision and after
+/// the compact revision, the leases with their keys, and the cluster id.
+async fn state(endpoint: &str, through: i64) -> Vec<String> {
+    let channel = channel(endpoint).await;
+    let mut kv = KvClient::new(channel.clone());
+    let mut lines = Vec::new();
+    for revision in 1..=through {
+        let request = RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            revision,
+            ..Default::default()
+        };
+        lines.push(match kv.range(request).await {
+            Ok(resp) => {
+                let resp = resp.into_inner();
+                let mut hasher = DefaultHasher::new();
+                format!("{:?}", resp.kvs).hash(&mut hasher);
+                format!(
+                    "rev {revision}: header {} count {} digest {:x}",
+                    resp.header.unwrap().revision,
+                    resp.count,
+                    hasher.finish()
+                )
+            }
+            Err(status) => format!("rev {revision}: {:?} {}", status.code(), status.message()),
+        });
+    }
+    let mut maintenance = MaintenanceClient::new(channel.clone());
+    // (No hashes when asked for no revisions: only the leases and identity.)
+    for revision in [0, 121].into_iter().filter(|_| through > 0) {
+        let hash = maintenance
+            .hash_kv(HashKvRequest { revision })
+            .await
+            .unwrap()
+            .into_inner();
+        lines.push(format!(
+            "hashkv {revision}: {} compact {}",
+            hash.hash, hash.compact_revision
+        ));
+    }
+    let status = maintenance.status(StatusRequest {}).await.unwrap();
+    lines.push(format!(
+        "cluster {}",
+        status.into_inner().header.unwrap().cluster_id
+    ));
+    let mut lease = LeaseClient::new(channel);
+    let leases = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
+    let mut ids: Vec<i64> = leases.into_inner().leases.iter().map(|l| l.id).collect();
+    ids.sort();
+    for id in ids {
+        let ttl = lease
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
+            .await
+            .unwrap()
+            .into_inner();
+        lines.push(format!(
+            "lease {id} granted {} keys {:?}",
+            ttl.granted_ttl, ttl.keys
+        ));
+    }
+    lines
+}
+
+/// The lease rows of an SQLite store, deadlines included.
+async fn lease_rows(path: &str) -> Vec<LeaseRow> {
+    let backend = Sqlite::open(Path::new(path)).unwrap();
+    let mut rows = backend.read().await.unwrap().leases().await.unwrap();
+    rows.sort_by_key(|row| row.id);
+    rows
+}
+
+/// Skips (or, in CI, fails) when a database server is not running.
+fn servers_reachable() -> bool {
+    for backend in [TestBackend::Postgres, TestBackend::Mysql] {
+        if !FreshDatabase::reachable(backend) {
+            if in_ci() {
+                panic!("{backend:?} is not reachable (CI=true, so this is an error)");
+            }
+            eprintln!("!!! WARNING: {backend:?} is not reachable; SKIPPING this test");
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_sqlite_postgres_mysql_sqlite_keeps_everything() {
+    if !servers_reachable() {
+        return;
+    }
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let original = FreshDatabase::of(TestBackend::Sqlite, dir_a.path());
+    let postgres = FreshDatabase::of(TestBackend::Postgres, dir_a.path());
+    let mysql = FreshDatabase::of(TestBackend::Mysql, dir_a.path());
+    let back = FreshDatabase::of(TestBackend::Sqlite, dir_b.path());
+
+    let mut server = Cetera::start_on(&original.endpoint).await;
+    let current = write_store(&server.endpoint()).await;
+    server.kill();
+
+    let mut outputs = Vec::new();
+    for (from, to) in [(&original, &postgres), (&postgres, &mysql), (&mysql, &back)] {
+        let output = migrate(&from.endpoint, &to.endpoint, &[]);
+        assert_success(&output, "cetera migrate");
+        outputs.push(String::from_utf8_lossy(&output.stdout).to_string());
+    }
+    // Each migration printed its verification.
+    for stdout in &outputs {
+        assert!(
+            stdout.contains(&format!(
+                "migrated: revision {current}, compact revision 120"
+            )),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("verified HashKV at revision {current}: source")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("verified HashKV at revision 121"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!(
+                "verified keys at revision {current}: source 9975 target 9975"
+            )),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("verified leases: source 2 target 2"),
+            "{stdout}"
+        );
+    }
+
+    // Lease deadlines are carried over exactly (the remaining TTL is kept).
+    let (before, after) = (
+        lease_rows(original.sqlite_path().unwrap()).await,
+        lease_rows(back.sqlite_path().unwrap()).await,
+    );
+    assert_eq!(before.len(), 2);
+    assert_eq!(after, before);
+
+    let mut want = None;
+    for store in [&original, &postgres, &mysql, &back] {
+        let server = Cetera::start_on(&store.endpoint).await;
+        let got = state(&server.endpoint(), current).await;
+        match &want {
+            None => {
+                assert!(got[0].contains("required revision has been compacted"));
+                assert!(got[119].contains("count 10000"), "{}", got[119]);
+                want = Some(got);
+            }
+            Some(want) => assert_eq!(&got, want, "{}", store.endpoint),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_history_only_live_keys_are_copied_and_old_revisions_are_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = FreshDatabase::of(TestBackend::Sqlite, source_dir.path());
+    let target = FreshDatabase::new(dir.path());
+    let mut server = Cetera::start_on(&source.endpoint).await;
+    let current = write_store(&server.endpoint()).await;
+    let want = state(&server.endpoint(), current).await;
+    server.kill();
+
+    let output = migrate(&source.endpoint, &target.endpoint, &["--history=false"]);
+    assert_success(&output, "cetera migrate --history=false");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "migrated: revision {current}, compact revision {current}, history dropped"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("verified keys at revision {current}: source 9975")),
+        "{stdout}"
+    );
+
+    let server = Cetera::start_on(&target.endpoint).await;
+    let channel = channel(&server.endpoint()).await;
+    let mut kv = KvClient::new(channel);
+    // The current revision reads the same keys, with their create and mod
+    // revisions and versions; every older revision is compacted.
+    let mut got_current = None;
+    for revision in [1, 121, current - 1, current] {
+        let request = RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            revision,
+            ..Default::default()
+        };
+        match kv.range(request).await {
+            Ok(resp) => {
+                assert_eq!(revision, current);
+                let resp = resp.into_inner();
+                let mut hasher = DefaultHasher::new();
+                format!("{:?}", resp.kvs).hash(&mut hasher);
+                got_current = Some(format!(
+                    "rev {revision}: header {} count {} digest {:x}",
+                    resp.header.unwrap().revision,
+                    resp.count,
+                    hasher.finish()
+                ));
+            }
+            Err(status) => {
+                assert!(revision < current);
+                assert_eq!(
+                    status.message(),
+                    "etcdserver: mvcc: required revision has been compacted"
+                );
+            }
+        }
+    }
+    assert_eq!(got_current.as_ref(), Some(&want[current as usize - 1]));
+    // Leases and their keys are kept.
+    let leases = state(&server.endpoint(), 0).await;
+    let want_leases: Vec<&String> = want.iter().filter(|l| l.starts_with("lease ")).collect();
+    let got_leases: Vec<&String> = leases.iter().filter(|l| l.starts_with("lease ")).collect();
+    assert_eq!(got_leases, want_leases);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_with_data_is_refused_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = FreshDatabase::of(TestBackend::Sqlite, source_dir.path());
+    write_log(Path::new(source.sqlite_path().unwrap()), 300).await;
+    let target = FreshDatabase::new(dir.path());
+    assert_success(
+        &migrate(&source.endpoint, &target.endpoint, &[]),
+        "first migrate",
+    );
+    let refused = migrate(&source.endpoint, &target.endpoint, &[]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("the target datastore is not empty (revision 301, 300 keys"),
+        "{}",
+        text(&refused)
+    );
+    let forced = migrate(&source.endpoint, &target.endpoint, &["--force"]);
+    assert_success(&forced, "migrate --force");
+    assert!(String::from_utf8_lossy(&forced.stdout).contains("verified keys at revision 301"));
+
+    // Nonsense is refused before anything is opened.
+    let same = migrate(&source.endpoint, &source.endpoint, &[]);
+    assert!(
+        text(&same).contains("name the same datastore"),
+        "{}",
+        text(&same)
+    );
+    let missing = migrate(
+        "sqlite:///nonexistent/cetera.db",
+        &target.endpoint,
+        &["--force"],
+    );
+    assert!(
+        text(&missing).contains("does not exist"),
+        "{}",
+        text(&missing)
+    );
+}
+
+/// Writes a store of `revisions` single-key changes straight through the
+/// backend (faster than through a server): keys /big/0000../big/4999 are
+/// written over and over, so there are versions and history.
+async fn write_log(path: &Path, revisions: i64) {
+    let backend = Sqlite::open(path).unwrap();
+    let mut txn = backend.write().await.unwrap();
+    let mut keys: HashMap<Vec<u8>, (i64, i64)> = HashMap::new();
+    for revision in 2..=revisions + 1 {
+        let key = format!("/big/{:04}", revision % 5000).into_bytes();
+        let (create, version) = keys.entry(key.clone()).or_insert((revision, 0));
+        *version += 1;
+        let kv = KeyValue {
+            key,
+            value: vec![b'x'; 100],
+            create_revision: *create,
+            mod_revision: revision,
+            version: *version,
+            lease: 0,
+        };
+        let entry = LogEntry {
+            kv,
+            sub: 0,
+            deleted: false,
+        };
+        txn.append(&entry).await.unwrap();
+    }
+    let counters = Revisions {
+        current: revisions + 1,
+        compact: -1,
+        compacted_through: 0,
+    };
+    txn.set_revisions(counters).await.unwrap();
+    txn.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_killed_half_way_leaves_an_empty_target_and_a_rerun_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = FreshDatabase::of(TestBackend::Sqlite, source_dir.path());
+    write_log(Path::new(source.sqlite_path().unwrap()), 20_000).await;
+    let target = FreshDatabase::new(dir.path());
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args([
+            "migrate",
+            "--from",
+            &source.endpoint,
+            "--to",
+            &target.endpoint,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it reports revisions copied (a tenth of them), then kill -9.
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("copied ") && line.contains(" of 20001 revisions") {
+            child.kill().unwrap();
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "migrate finished before the kill: {seen:?}"
+    );
+
+    // Nothing was committed: the target is an empty store.
+    {
+        let server = Cetera::start_on(&target.endpoint).await;
+        let mut kv = KvClient::new(channel(&server.endpoint()).await);
+        let resp = kv
+            .range(RangeRequest {
+                key: vec![0],
+                range_end: vec![0],
+                count_only: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((resp.count, resp.header.unwrap().revision), (0, 1));
+    }
+
+    // So a rerun needs no --force, and completes and verifies.
+    let rerun = migrate(&source.endpoint, &target.endpoint, &[]);
+    assert_success(&rerun, "rerun of cetera migrate");
+    let stdout = String::from_utf8_lossy(&rerun.stdout);
+    assert!(
+        stdout.contains("verified HashKV at revision 20001"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("verified keys at revision 20001: source 5000 target 5000"),
+        "{stdout}"
+    );
+}
+
+/// Every key at `revision` (0: current), with the header's revision.
+async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
+    let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
+    let request = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        revision,
+        ..Default::default()
+    };
+    match kv.range(request).await {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            Ok((resp.header.unwrap().revision, resp.kvs))
+        }
+        Err(status) => Err(status.message().to_string()),
+    }
+}
+
+/// Each lease: id, granted TTL, remaining TTL and its keys.
+async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
+    let mut lease = LeaseClient::new(channel(endpoint).await);
+    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
+    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
+    ids.sort();
+    let mut rows = Vec::new();
+    for id in ids {
+        let ttl = lease
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut keys = ttl.keys;
+        keys.sort();
+        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_a_live_etcd_at_one_revision() {
+    let (Some(etcd), Some(etcdctl)) = (Etcd::start().await, etcdctl_35()) else {
+        return;
+    };
+    let ctl = |args: &[&str]| {
+        let output = run_etcdctl(&etcdctl, &etcd.addr(), args);
+        assert_success(&output, &format!("etcdctl {args:?}"));
+        String::from_utf8_lossy(&output.stdout).to_string()
+    };
+    // Keys written and rewritten (versions), a transaction, deletions, a
+    // compaction, and a lease with keys, all with etcdctl...
+    let granted = ctl(&["lease", "grant", "3600"]);
+    let lease_hex = granted.split_whitespace().nth(1).unwrap().to_string();
+    for i in 0..5 {
+        ctl(&["put", &format!("/app/{i}"), &format!("one{i}")]);
+        ctl(&["put", &format!("/app/{i}"), &format!("two{i}")]);
+    }
+    ctl(&["put", "/leased/a", "x", &format!("--lease={lease_hex}")]);
+    ctl(&["put", "/leased/b", "y", &format!("--lease={lease_hex}")]);
+    ctl(&["del", "/app/3"]);
+    let revision = ctl(&["put", "/app/3", "again", "-w", "json"]);
+    let compact_at: i64 = revision
+        .split("\"revision\":")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    ctl(&["compaction", &compact_at.to_string()]);
+    // ...and, to need several pages, 2500 keys three transactions at a time.
+    let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
+    for batch in 0..25 {
+        let success = (0..100)
+            .map(|i| RequestOp {
+                request: Some(Request::RequestPut(put(
+                    &format!("/bulk/{:05}", batch * 100 + i),
+                    "b",
+                    0,
+                ))),
+            })
+            .collect();
+        let txn = TxnRequest {
+            compare: vec![],
+            success,
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+    }
+    ctl(&["put", "/app/0", "three"]);
+    let (pinned, want_keys) = all_keys(&etcd.endpoint(), 0).await.unwrap();
+    let want_leases = leases(&etcd.endpoint()).await;
+    assert_eq!(want_keys.len(), 2507);
+
+    let dir = tempfile::tempdir().unwrap();
+    let target = FreshDatabase::new(dir.path());
+    let output = migrate(&etcd.endpoint(), &target.endpoint, &[]);
+    assert_success(&output, "cetera migrate --from etcd");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "migrated: revision {pinned}, compact revision {pinned}, history dropped"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "verified keys at revision {pinned}: source 2507 target 2507"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("verified leases: source 1 target 1"),
+        "{stdout}"
+    );
+
+    let server = Cetera::start_on(&target.endpoint).await;
+    // The same keys, values, create and mod revisions, versions and leases,
+    // at the same revision; older revisions are compacted.
+    let (got_revision, got_keys) = all_keys(&server.endpoint(), 0).await.unwrap();
+    assert_eq!(got_revision, pinned);
+    assert_eq!(got_keys, want_keys);
+    assert_eq!(
+        all_keys(&server.endpoint(), pinned - 1).await.unwrap_err(),
+        "etcdserver: mvcc: required revision has been compacted"
+    );
+    let got_leases = leases(&server.endpoint()).await;
+    assert_eq!(got_leases.len(), 1);
+    let ((id, granted, remaining, keys), (want_id, want_granted, want_remaining, want_lease_keys)) =
+        (&got_leases[0], &want_leases[0]);
+    assert_eq!(
+        (id, granted, keys),
+        (want_id, want_granted, want_lease_keys)
+    );
+    assert_eq!(keys.len(), 2);
+    // The remaining TTL carries over (it is not reset to the granted TTL).
+    assert!(
+        *remaining > 0 && remaining <= want_remaining,
+        "{remaining} vs {want_remaining}"
+    );
+
+    // A server with data is refused as a target, as for datastores.
+    drop(server);
+    let refused = migrate(&etcd.endpoint(), &target.endpoint, &[]);
+    assert!(text(&refused).contains("use --force"), "{}", text(&refused));
+}
