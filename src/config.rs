@@ -176,7 +176,8 @@ pub enum Command {
         /// or a live etcd: http://host:2379 or https://host:2379.
         #[arg(long)]
         from: String,
-        /// Target, in --endpoint's forms; must be empty unless --force.
+        /// Target, in --endpoint's forms, or a live etcd (http(s)://host:2379);
+        /// must be empty unless --force.
         #[arg(long)]
         to: String,
         /// Replace whatever the target holds.
@@ -201,6 +202,15 @@ pub enum Command {
         /// Key of --from-cert (etcdctl's --key).
         #[arg(long)]
         from_key: Option<PathBuf>,
+        /// CA certificate of an https:// etcd target (etcdctl's --cacert).
+        #[arg(long)]
+        to_cacert: Option<PathBuf>,
+        /// Client certificate for an etcd target (etcdctl's --cert).
+        #[arg(long)]
+        to_cert: Option<PathBuf>,
+        /// Key of --to-cert (etcdctl's --key).
+        #[arg(long)]
+        to_key: Option<PathBuf>,
     },
 }
 

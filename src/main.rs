@@ -23,6 +23,9 @@ async fn main() -> std::process::ExitCode {
             from_cacert,
             from_cert,
             from_key,
+            to_cacert,
+            to_cert,
+            to_key,
         }) => {
             let options = cetera::migrate::MigrateOptions {
                 from: from.clone(),
@@ -33,6 +36,11 @@ async fn main() -> std::process::ExitCode {
                     cacert: from_cacert.clone(),
                     cert: from_cert.clone(),
                     key: from_key.clone(),
+                },
+                to_etcd_tls: cetera::migrate::etcd::EtcdTls {
+                    cacert: to_cacert.clone(),
+                    cert: to_cert.clone(),
+                    key: to_key.clone(),
                 },
             };
             cetera::migrate::migrate_command(&config, &options).await

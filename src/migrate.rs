@@ -10,9 +10,11 @@
 //! deadlines (so the remaining TTL carries over), users, roles, the auth
 //! switch and the cluster and member ids are kept.
 //!
-//! `--from http(s)://...` imports a live etcd instead (see `etcd`).
+//! `--from http(s)://...` imports a live etcd instead (see `etcd`);
+//! `--to http(s)://...` exports into a live etcd (see `export`).
 
 pub mod etcd;
+pub mod export;
 
 use std::io::IsTerminal;
 
@@ -39,6 +41,8 @@ pub struct MigrateOptions {
     pub history: bool,
     /// TLS files for an etcd source.
     pub etcd_tls: etcd::EtcdTls,
+    /// TLS files for an etcd target (--to-cacert, --to-cert, --to-key).
+    pub to_etcd_tls: etcd::EtcdTls,
 }
 
 /// One line of the final verification: a quantity measured on both sides.
@@ -65,6 +69,12 @@ pub struct Migrated {
 pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyhow::Result<()> {
     let tls = config.datastore_tls();
     let from_etcd = etcd::is_etcd_url(&options.from);
+    if etcd::is_etcd_url(&options.to) {
+        if from_etcd {
+            bail!("--from and --to both name an etcd; cetera migrates to or from a datastore");
+        }
+        return export_command(options, &tls).await;
+    }
     let migrated = if from_etcd {
         if options.history {
             tracing::warn!(
@@ -99,6 +109,43 @@ pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyho
         );
     }
     Ok(())
+}
+
+/// `cetera migrate --to http(s)://...`: exports into etcd and prints the
+/// verification.
+async fn export_command(options: &MigrateOptions, tls: &DatastoreTls) -> anyhow::Result<()> {
+    let channel = etcd::connect_as(&options.to, &options.to_etcd_tls, "to").await?;
+    let job = ToEtcd {
+        channel,
+        force: options.force,
+    };
+    let exported = with_datastore(&options.from, tls, OpenFor::Reading, job).await?;
+    println!(
+        "exported: {} leases, keys read back at etcd revision {}; {}",
+        exported.leases,
+        exported.etcd_revision,
+        export::NOT_KEPT
+    );
+    for check in &exported.checks {
+        println!(
+            "verified {}: source {} target {} (equal)",
+            check.what, check.source, check.target
+        );
+    }
+    Ok(())
+}
+
+/// An export to etcd: etcd connected, the source opened.
+struct ToEtcd {
+    channel: tonic::transport::Channel,
+    force: bool,
+}
+
+impl BackendJob for ToEtcd {
+    type Output = export::Exported;
+    async fn run<S: Backend>(self, source: &S) -> anyhow::Result<export::Exported> {
+        export::export(source, self.channel, self.force).await
+    }
 }
 
 /// An import from etcd: the target opened, etcd connected.

@@ -40,8 +40,14 @@ pub fn is_etcd_url(from: &str) -> bool {
     from.starts_with("http://") || from.starts_with("https://")
 }
 
-/// Connects to the etcd at `url` (the first of a comma-separated list).
+/// Connects to the etcd source at `url` (the first of a comma-separated list).
 pub async fn connect(url: &str, tls: &EtcdTls) -> anyhow::Result<Channel> {
+    connect_as(url, tls, "from").await
+}
+
+/// Connects to the etcd at `url`, given with the `--{side}` flag (`from`
+/// or `to`, whose TLS flags are `--{side}-cacert` etc.).
+pub async fn connect_as(url: &str, tls: &EtcdTls, side: &str) -> anyhow::Result<Channel> {
     let url = url.split(',').next().unwrap_or_default().trim().to_string();
     let mut endpoint = Endpoint::from_shared(url.clone())
         .with_context(|| format!("bad etcd URL {url}"))?
@@ -49,7 +55,7 @@ pub async fn connect(url: &str, tls: &EtcdTls) -> anyhow::Result<Channel> {
     if url.starts_with("https://") {
         let mut config = ClientTlsConfig::new();
         let Some(cacert) = &tls.cacert else {
-            bail!("an https:// etcd needs --from-cacert (the CA its certificate chains to)");
+            bail!("an https:// etcd needs --{side}-cacert (the CA its certificate chains to)");
         };
         let read = |path: &PathBuf| {
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
@@ -60,7 +66,7 @@ pub async fn connect(url: &str, tls: &EtcdTls) -> anyhow::Result<Channel> {
                 config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
             }
             (None, None) => {}
-            _ => bail!("--from-cert and --from-key go together"),
+            _ => bail!("--{side}-cert and --{side}-key go together"),
         }
         endpoint = endpoint.tls_config(config)?;
     } else if tls.cacert.is_some() || tls.cert.is_some() {

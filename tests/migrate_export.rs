@@ -1,0 +1,216 @@
+//! `cetera migrate --from DATASTORE --to http://etcd`: a cetera store (on
+//! the test backend) with overwrites, deletions, binary values and leased
+//! keys is exported into a real etcd 3.5.1; etcd then holds the same keys,
+//! values and leases (same ids, TTLs not above the source's remaining TTL);
+//! a non-empty etcd is refused without --force and written over with it;
+//! an etcd source with an etcd target is refused.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use cetera::proto::etcdserverpb::kv_client::KvClient;
+use cetera::proto::etcdserverpb::lease_client::LeaseClient;
+use cetera::proto::etcdserverpb::request_op::Request;
+use cetera::proto::etcdserverpb::{
+    DeleteRangeRequest, LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest,
+    RangeRequest, RequestOp, TxnRequest,
+};
+use common::{Cetera, Etcd, channel};
+
+/// Runs `cetera migrate --from FROM --to TO [extra]`.
+fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args(["migrate", "--from", from, "--to", to])
+        .args(extra)
+        .output()
+        .expect("run cetera migrate")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn put(key: &[u8], value: &[u8], lease: i64) -> PutRequest {
+    PutRequest {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        lease,
+        ..Default::default()
+    }
+}
+
+/// Every live key as (key, value, lease), in key order.
+async fn live_keys(endpoint: &str) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+    let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
+    let request = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        ..Default::default()
+    };
+    let resp = kv.range(request).await.unwrap().into_inner();
+    resp.kvs
+        .into_iter()
+        .map(|kv| (kv.key, kv.value, kv.lease))
+        .collect()
+}
+
+/// Each lease: id, remaining TTL and its keys, by id.
+async fn leases(endpoint: &str) -> Vec<(i64, i64, Vec<Vec<u8>>)> {
+    let mut lease = LeaseClient::new(channel(endpoint).await);
+    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
+    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
+    ids.sort();
+    let mut rows = Vec::new();
+    for id in ids {
+        let ttl = lease
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut keys = ttl.keys;
+        keys.sort();
+        rows.push((id, ttl.ttl, keys));
+    }
+    rows
+}
+
+/// 300 keys (more than two Txns of 128), overwrites, deletions, binary keys
+/// and values, and three leases: two with keys, one without.
+async fn write_source(endpoint: &str) {
+    let channel = channel(endpoint).await;
+    let mut kv = KvClient::new(channel.clone());
+    let mut lease = LeaseClient::new(channel);
+    for (id, ttl) in [(0x7001, 3600), (0x7002, 900), (0x7003, 1800)] {
+        lease
+            .lease_grant(LeaseGrantRequest { ttl, id })
+            .await
+            .unwrap();
+    }
+    for batch in 0..3 {
+        let success = (0..100)
+            .map(|i| RequestOp {
+                request: Some(Request::RequestPut(put(
+                    format!("/data/{:04}", batch * 100 + i).as_bytes(),
+                    format!("v{i}").as_bytes(),
+                    0,
+                ))),
+            })
+            .collect();
+        let txn = TxnRequest {
+            compare: vec![],
+            success,
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+    }
+    for j in 0..40 {
+        let lease = [0, 0x7001, 0x7002][j % 3];
+        kv.put(put(format!("/data/{j:04}").as_bytes(), b"rewritten", lease))
+            .await
+            .unwrap();
+    }
+    kv.delete_range(DeleteRangeRequest {
+        key: b"/data/0200".to_vec(),
+        range_end: b"/data/0250".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    kv.delete_range(DeleteRangeRequest {
+        key: b"/data/0001".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    kv.put(put(b"\xff\x00binary", b"\x00\x01\xfe\xff", 0x7002))
+        .await
+        .unwrap();
+    kv.put(put(b"/empty", b"", 0)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_live_keys_and_leases_to_a_real_etcd() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let mut source = Cetera::start().await;
+    write_source(&source.endpoint()).await;
+    let want_keys = live_keys(&source.endpoint()).await;
+    let want_leases = leases(&source.endpoint()).await;
+    assert_eq!(want_keys.len(), 300 - 50 - 1 + 2);
+    assert_eq!(want_leases.len(), 3);
+    source.terminate(Duration::from_secs(10));
+
+    let output = migrate(source.datastore_endpoint(), &etcd.endpoint(), &[]);
+    assert!(output.status.success(), "{}", text(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let n = want_keys.len();
+    assert!(
+        stdout.contains(&format!(
+            "verified live keys: source {n} target {n} (equal)"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("verified hash of (key, value, lease): source "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("exported: 3 leases"), "{stdout}");
+    assert!(
+        stdout.contains("revisions, create/mod revisions, versions and history are not kept"),
+        "{stdout}"
+    );
+
+    // The same keys, values and leases; the same lease ids with the same
+    // keys, and no more time left than the source had.
+    assert_eq!(live_keys(&etcd.endpoint()).await, want_keys);
+    let got_leases = leases(&etcd.endpoint()).await;
+    assert_eq!(got_leases.len(), want_leases.len());
+    for ((id, ttl, keys), (want_id, want_ttl, want_lease_keys)) in
+        got_leases.iter().zip(&want_leases)
+    {
+        assert_eq!((id, keys), (want_id, want_lease_keys));
+        assert!(
+            *ttl > 0 && ttl <= want_ttl,
+            "lease {id:x}: etcd TTL {ttl}, source remaining {want_ttl}"
+        );
+    }
+    assert!(got_leases[2].2.is_empty());
+
+    // A second export finds etcd holding keys: refused, nothing changed...
+    let refused = migrate(source.datastore_endpoint(), &etcd.endpoint(), &[]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("use --force"), "{}", text(&refused));
+
+    // ...and with --force, written over: a key etcd alone has is kept (not
+    // deleted), the exported keys are put again and verify.
+    let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
+    kv.put(put(b"/only-in-etcd", b"mine", 0)).await.unwrap();
+    kv.put(put(b"/data/0000", b"changed in etcd", 0))
+        .await
+        .unwrap();
+    let forced = migrate(source.datastore_endpoint(), &etcd.endpoint(), &["--force"]);
+    assert!(forced.status.success(), "{}", text(&forced));
+    let mut after = live_keys(&etcd.endpoint()).await;
+    let only = after
+        .iter()
+        .position(|(key, _, _)| key == b"/only-in-etcd")
+        .expect("a key only etcd had is kept");
+    assert_eq!(after.remove(only).1, b"mine");
+    assert_eq!(after, want_keys);
+
+    // Between two etcds cetera is no proxy.
+    let both = migrate(&etcd.endpoint(), &etcd.endpoint(), &["--force"]);
+    assert!(!both.status.success(), "{}", text(&both));
+    assert!(
+        text(&both).contains("--from and --to both name an etcd"),
+        "{}",
+        text(&both)
+    );
+}
