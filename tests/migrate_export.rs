@@ -3,7 +3,8 @@
 //! keys is exported into a real etcd 3.5.1; etcd then holds the same keys,
 //! values and leases (same ids, TTLs not above the source's remaining TTL);
 //! a non-empty etcd is refused without --force and written over with it;
-//! an etcd source with an etcd target is refused.
+//! an etcd source with an etcd target is refused; an https etcd asking for
+//! client certificates is reached with --to-cacert/--to-cert/--to-key.
 
 mod common;
 
@@ -17,7 +18,11 @@ use cetera::proto::etcdserverpb::{
     DeleteRangeRequest, LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest,
     RangeRequest, RequestOp, TxnRequest,
 };
-use common::{Cetera, Etcd, channel};
+use common::{Cetera, ClientTls, Etcd, channel};
+use rcgen::{
+    BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 /// Runs `cetera migrate --from FROM --to TO [extra]`.
 fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
@@ -213,4 +218,111 @@ async fn exports_live_keys_and_leases_to_a_real_etcd() {
         "{}",
         text(&both)
     );
+}
+
+/// A certificate and key (PEM) for localhost and 127.0.0.1, signed by `ca`.
+fn issue(ca: &Issuer<'static, KeyPair>, usage: ExtendedKeyUsagePurpose) -> (String, String) {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let mut params = CertificateParams::new(names).unwrap();
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![usage];
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_to_an_https_etcd_with_client_certificates() {
+    let pki = tempfile::tempdir().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_pem = params.self_signed(&ca_key).unwrap().pem();
+    let ca = Issuer::new(params, ca_key);
+    let server = issue(&ca, ExtendedKeyUsagePurpose::ServerAuth);
+    let client = issue(&ca, ExtendedKeyUsagePurpose::ClientAuth);
+    let path = |name: &str| pki.path().join(name).display().to_string();
+    for (name, text) in [
+        ("ca.pem", &ca_pem),
+        ("server.pem", &server.0),
+        ("server-key.pem", &server.1),
+        ("client.pem", &client.0),
+        ("client-key.pem", &client.1),
+    ] {
+        std::fs::write(path(name), text).unwrap();
+    }
+    let flags = [
+        "--cert-file".to_string(),
+        path("server.pem"),
+        "--key-file".to_string(),
+        path("server-key.pem"),
+        "--trusted-ca-file".to_string(),
+        path("ca.pem"),
+        "--client-cert-auth".to_string(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let probe = ClientTls {
+        ca_pem: ca_pem.clone(),
+        identity: Some(client.clone()),
+    };
+    let Some(etcd) = Etcd::start_tls(&flags, probe.clone()).await else {
+        return;
+    };
+    let mut source = Cetera::start().await;
+    write_source(&source.endpoint()).await;
+    let want_keys = live_keys(&source.endpoint()).await;
+    source.terminate(Duration::from_secs(10));
+    let https = format!("https://127.0.0.1:{}", etcd.port());
+
+    // Without the CA, and without the client certificate, no export.
+    let no_ca = migrate(source.datastore_endpoint(), &https, &[]);
+    assert!(
+        text(&no_ca).contains("needs --to-cacert"),
+        "{}",
+        text(&no_ca)
+    );
+    let ca_only = migrate(
+        source.datastore_endpoint(),
+        &https,
+        &["--to-cacert", &path("ca.pem")],
+    );
+    assert!(!ca_only.status.success(), "{}", text(&ca_only));
+
+    let output = migrate(
+        source.datastore_endpoint(),
+        &https,
+        &[
+            "--to-cacert",
+            &path("ca.pem"),
+            "--to-cert",
+            &path("client.pem"),
+            "--to-key",
+            &path("client-key.pem"),
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let endpoint = tonic::transport::Endpoint::from_shared(https)
+        .unwrap()
+        .tls_config(probe.tonic_config())
+        .unwrap();
+    let mut kv = KvClient::new(endpoint.connect().await.unwrap());
+    let got: Vec<_> = kv
+        .range(RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key, kv.value, kv.lease))
+        .collect();
+    assert_eq!(got, want_keys);
 }
