@@ -3,7 +3,8 @@
 //! compaction) and over gRPC (hundreds of keys in transactions and a value
 //! larger than a bbolt page, so the file has branch and overflow pages) is
 //! saved with `etcdctl snapshot save`, imported into a fresh datastore, and
-//! cetera on it is compared with the live etcd at every revision.
+//! cetera on it is compared with the live etcd at every revision; also
+//! without the trailer, with a damaged trailer, and with --history=false.
 
 mod common;
 
@@ -19,12 +20,18 @@ use cetera::proto::mvccpb::KeyValue;
 use common::datastore::FreshDatabase;
 use common::{Cetera, Etcd, channel, etcdctl_35, run_etcdctl};
 
-/// Runs `cetera migrate --from FROM --to TO`.
-fn migrate(from: &str, to: &str) -> Output {
+/// Runs `cetera migrate --from FROM --to TO [extra]`.
+fn migrate_with(from: &str, to: &str, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cetera"))
         .args(["migrate", "--from", from, "--to", to])
+        .args(extra)
         .output()
         .expect("run cetera migrate")
+}
+
+/// Runs `cetera migrate --from FROM --to TO`.
+fn migrate(from: &str, to: &str) -> Output {
+    migrate_with(from, to, &[])
 }
 
 fn text(output: &Output) -> String {
@@ -224,6 +231,24 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
         all_keys(&server.endpoint(), compact_at).await,
         all_keys(&etcd.endpoint(), compact_at).await
     );
+    drop(server);
+
+    // Without history: the live keys, compacted at the current revision.
+    let live_dir = tempfile::tempdir().unwrap();
+    let live_only = FreshDatabase::new(live_dir.path());
+    let from = format!("etcd-snapshot://{}", file.display());
+    let output = migrate_with(&from, &live_only.endpoint, &["--history=false"]);
+    assert!(output.status.success(), "migrate: {}", text(&output));
+    let server = Cetera::start_on(&live_only.endpoint).await;
+    assert_eq!(
+        all_keys(&server.endpoint(), 0).await,
+        all_keys(&etcd.endpoint(), 0).await
+    );
+    assert_eq!(
+        all_keys(&server.endpoint(), current - 1).await.unwrap_err(),
+        "etcdserver: mvcc: required revision has been compacted"
+    );
+    drop(server);
 
     // A damaged trailer is refused.
     let mut damaged = bytes.clone();
