@@ -124,26 +124,7 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
     let highest = log.last().map_or(1, |entry| entry.kv.mod_revision);
     let mut current = highest.max(compact).max(1);
 
-    // A compaction etcd had not finished (or finishes on its next start):
-    // below it, only each key's latest row survives, unless a deletion.
-    if compact > 0 {
-        let mut latest: HashMap<&[u8], usize> = HashMap::new();
-        for (index, entry) in log.iter().enumerate() {
-            if entry.kv.mod_revision <= compact {
-                latest.insert(&entry.kv.key, index);
-            }
-        }
-        let keep: Vec<bool> = log
-            .iter()
-            .enumerate()
-            .map(|(index, entry)| {
-                entry.kv.mod_revision > compact
-                    || (!entry.deleted && latest.get(&entry.kv.key[..]) == Some(&index))
-            })
-            .collect();
-        let mut keep = keep.into_iter();
-        log.retain(|_| keep.next().unwrap_or(false));
-    }
+    complete_compaction(&mut log, compact);
     if !history {
         // Only each live key's latest row, compacted at the current revision.
         let mut live: HashMap<Vec<u8>, (i64, bool)> = HashMap::new();
@@ -171,6 +152,31 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
         },
         leases,
     })
+}
+
+/// Completes a compaction at `compact` that etcd had scheduled but not
+/// finished (as etcd does on its next start): at or below it, only each
+/// key's latest row survives, unless that row is a deletion.
+fn complete_compaction(log: &mut Vec<LogEntry>, compact: i64) {
+    if compact <= 0 {
+        return;
+    }
+    let mut latest: HashMap<&[u8], usize> = HashMap::new();
+    for (index, entry) in log.iter().enumerate() {
+        if entry.kv.mod_revision <= compact {
+            latest.insert(&entry.kv.key, index);
+        }
+    }
+    let keep: Vec<bool> = log
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            entry.kv.mod_revision > compact
+                || (!entry.deleted && latest.get(&entry.kv.key[..]) == Some(&index))
+        })
+        .collect();
+    let mut keep = keep.into_iter();
+    log.retain(|_| keep.next().unwrap_or(false));
 }
 
 /// The HashKV (at the current revision) of a store holding `contents`,
@@ -297,6 +303,42 @@ mod tests {
         let last = with.len() - 1;
         with[last] ^= 1;
         assert!(database_bytes(&with, path).is_err());
+    }
+
+    fn row(key: &str, revision: i64, deleted: bool) -> LogEntry {
+        LogEntry {
+            kv: KeyValue {
+                key: key.into(),
+                mod_revision: revision,
+                ..Default::default()
+            },
+            sub: 0,
+            deleted,
+        }
+    }
+
+    #[test]
+    fn an_unfinished_compaction_is_completed() {
+        let mut log = vec![
+            row("a", 2, false),
+            row("b", 3, false),
+            row("a", 4, false),
+            row("b", 5, true),
+            row("c", 6, false),
+            row("a", 7, false),
+        ];
+        complete_compaction(&mut log, 5);
+        let left: Vec<(Vec<u8>, i64)> = log
+            .iter()
+            .map(|e| (e.kv.key.clone(), e.kv.mod_revision))
+            .collect();
+        assert_eq!(
+            left,
+            vec![(b"a".to_vec(), 4), (b"c".to_vec(), 6), (b"a".to_vec(), 7)]
+        );
+        let mut never = vec![row("a", 2, false), row("a", 3, true)];
+        complete_compaction(&mut never, -1);
+        assert_eq!(never.len(), 2);
     }
 
     #[test]
