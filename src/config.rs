@@ -173,7 +173,8 @@ pub enum Command {
     /// to both.
     Migrate {
         /// Source, in --endpoint's forms (sqlite://PATH, postgres://, mysql://),
-        /// or a live etcd: http://host:2379 or https://host:2379.
+        /// a live etcd: http://host:2379 or https://host:2379, or a file saved
+        /// by `etcdctl snapshot save`: etcd-snapshot:///path/to/file.db.
         #[arg(long)]
         from: String,
         /// Target, in --endpoint's forms, or a live etcd (http(s)://host:2379);

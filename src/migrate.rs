@@ -10,10 +10,13 @@
 //! deadlines (so the remaining TTL carries over), users, roles, the auth
 //! switch and the cluster and member ids are kept.
 //!
-//! `--from http(s)://...` imports a live etcd instead (see `etcd`);
+//! `--from http(s)://...` imports a live etcd instead (see `etcd`),
+//! `--from etcd-snapshot://PATH` an etcd snapshot file (see `etcd_snapshot`);
 //! `--to http(s)://...` exports into a live etcd (see `export`).
 
+pub mod bbolt;
 pub mod etcd;
+pub mod etcd_snapshot;
 pub mod export;
 
 use std::io::IsTerminal;
@@ -69,13 +72,21 @@ pub struct Migrated {
 pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyhow::Result<()> {
     let tls = config.datastore_tls();
     let from_etcd = etcd::is_etcd_url(&options.from);
+    let snapshot = etcd_snapshot::snapshot_path(&options.from);
     if etcd::is_etcd_url(&options.to) {
-        if from_etcd {
+        if from_etcd || snapshot.is_some() {
             bail!("--from and --to both name an etcd; cetera migrates to or from a datastore");
         }
         return export_command(options, &tls).await;
     }
-    let migrated = if from_etcd {
+    let migrated = if let Some(path) = snapshot {
+        let job = FromEtcdSnapshot {
+            path,
+            force: options.force,
+            history: options.history,
+        };
+        with_datastore(&options.to, &tls, OpenFor::BulkLoad, job).await?
+    } else if from_etcd {
         if options.history {
             tracing::warn!(
                 "etcd's history cannot be read through its API; importing the keys at one \
@@ -158,6 +169,20 @@ impl BackendJob for FromEtcd {
     type Output = Migrated;
     async fn run<T: Backend>(self, target: &T) -> anyhow::Result<Migrated> {
         etcd::import(self.channel, target, self.force).await
+    }
+}
+
+/// An import from an etcd snapshot file: the target opened.
+struct FromEtcdSnapshot<'a> {
+    path: &'a std::path::Path,
+    force: bool,
+    history: bool,
+}
+
+impl BackendJob for FromEtcdSnapshot<'_> {
+    type Output = Migrated;
+    async fn run<T: Backend>(self, target: &T) -> anyhow::Result<Migrated> {
+        etcd_snapshot::import(self.path, target, self.force, self.history).await
     }
 }
 

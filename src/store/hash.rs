@@ -184,6 +184,13 @@ impl LiveKeysHasher {
         self.0.row(b'S', kv, 0, false);
     }
 
+    /// Adds the next log row after the compact revision (after every live
+    /// key, in (revision, sub) order): the HashKV of a store with history,
+    /// for an import from an etcd snapshot file.
+    pub fn add_log_entry(&mut self, entry: &LogEntry) {
+        self.0.entry(entry);
+    }
+
     /// The digest.
     pub fn finish(self) -> u32 {
         self.0.finish()

@@ -1,0 +1,352 @@
+//! `cetera migrate --from etcd-snapshot:///path/file.db`: imports a snapshot
+//! file written by `etcdctl snapshot save` (a bbolt database, usually with a
+//! SHA-256 trailer) or an etcd member's `member/snap/db`, read with the small
+//! reader in `bbolt`.
+//!
+//! etcd's `key` bucket holds one record per change, keyed by revision (8-byte
+//! big-endian main, '_', 8-byte big-endian sub, and a trailing 't' for a
+//! deletion), valued by an mvccpb.KeyValue. Each record becomes one log row
+//! at the same revision and sub, so the whole history the file holds is kept
+//! with create/mod revisions and versions. The compact revision comes from
+//! the `meta` bucket; a compaction etcd had scheduled but not finished is
+//! completed here as etcd completes it on start. Leases come from the `lease`
+//! bucket and, as when etcd restores a snapshot, start afresh: their
+//! deadline is now plus their TTL (or the checkpointed remaining TTL). Users,
+//! roles, members, alarms and the cluster id are not imported.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use super::bbolt::Db;
+use super::{Check, Migrated};
+use crate::backend::{Backend, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn};
+use crate::proto::mvccpb::KeyValue;
+use crate::snapshot::empty_target;
+use crate::store::hash::{LiveKeysHasher, hash_kv};
+
+/// The scheme of `--from` naming an etcd snapshot file.
+pub const SCHEME: &str = "etcd-snapshot://";
+
+/// The file named by an `etcd-snapshot://PATH` source, if `from` is one.
+pub fn snapshot_path(from: &str) -> Option<&Path> {
+    from.strip_prefix(SCHEME).map(Path::new)
+}
+
+/// etcd's leasepb.Lease, as stored in the `lease` bucket.
+#[derive(Clone, PartialEq, Message)]
+struct LeaseRecord {
+    #[prost(int64, tag = "1")]
+    id: i64,
+    #[prost(int64, tag = "2")]
+    ttl: i64,
+    #[prost(int64, tag = "3")]
+    remaining_ttl: i64,
+}
+
+/// The bbolt bytes of a snapshot file: a trailer (when the size is 32 more
+/// than a multiple of 512, etcd's rule) is checked and cut off.
+fn database_bytes<'a>(file: &'a [u8], path: &Path) -> anyhow::Result<&'a [u8]> {
+    if file.len() % 512 != 32 {
+        return Ok(file);
+    }
+    let (data, trailer) = file.split_at(file.len() - 32);
+    if Sha256::digest(data).as_slice() != trailer {
+        bail!(
+            "{}: the SHA-256 checksum does not match; the snapshot is corrupt",
+            path.display()
+        );
+    }
+    Ok(data)
+}
+
+/// A revision from the `meta` bucket (17 bytes: main, '_', sub).
+fn meta_revision(value: &[u8]) -> Option<i64> {
+    value
+        .get(..8)
+        .map(|main| i64::from_be_bytes(main.try_into().unwrap_or_default()))
+}
+
+/// What the file holds, in cetera's terms.
+struct Contents {
+    /// Every kept record, in (revision, sub) order.
+    log: Vec<LogEntry>,
+    revisions: Revisions,
+    /// The lease records.
+    leases: Vec<LeaseRecord>,
+}
+
+/// Reads and decodes the etcd data in `data` (a bbolt file).
+fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
+    let db = Db::open(data)?;
+    let key_bucket = db
+        .bucket(b"key")?
+        .context("no `key` bucket: not an etcd v3 backend")?;
+    let mut log = Vec::new();
+    db.for_each(key_bucket, &mut |key, value, _| {
+        let deleted = match key.len() {
+            17 => false,
+            18 if key[17] == b't' => true,
+            _ => bail!("unexpected revision key {key:02x?} in the `key` bucket"),
+        };
+        if key[8] != b'_' {
+            bail!("unexpected revision key {key:02x?} in the `key` bucket");
+        }
+        let (main, sub) = (&key[..8], &key[9..17]);
+        let main = i64::from_be_bytes(main.try_into()?);
+        let sub = i64::from_be_bytes(sub.try_into()?);
+        let mut kv = KeyValue::decode(value)
+            .with_context(|| format!("bad KeyValue record at revision {main}"))?;
+        if deleted {
+            // etcd stores only the key in a tombstone.
+            kv = KeyValue {
+                key: kv.key,
+                mod_revision: main,
+                ..Default::default()
+            };
+        }
+        log.push(LogEntry { kv, sub, deleted });
+        Ok(())
+    })?;
+
+    let mut compact = -1;
+    if let Some(meta) = db.bucket(b"meta")? {
+        db.for_each(meta, &mut |key, value, _| {
+            if key == b"finishedCompactRev" || key == b"scheduledCompactRev" {
+                compact = compact.max(meta_revision(value).unwrap_or(-1));
+            }
+            Ok(())
+        })?;
+    }
+    let highest = log.last().map_or(1, |entry| entry.kv.mod_revision);
+    let mut current = highest.max(compact).max(1);
+
+    complete_compaction(&mut log, compact);
+    if !history {
+        // Only each live key's latest row, compacted at the current revision.
+        let mut live: HashMap<Vec<u8>, (i64, bool)> = HashMap::new();
+        for entry in &log {
+            live.insert(entry.kv.key.clone(), (entry.kv.mod_revision, entry.deleted));
+        }
+        log.retain(|entry| live.get(&entry.kv.key) == Some(&(entry.kv.mod_revision, false)));
+        compact = current;
+    }
+    current = current.max(compact);
+
+    let mut leases = Vec::new();
+    if let Some(bucket) = db.bucket(b"lease")? {
+        db.for_each(bucket, &mut |_, value, _| {
+            leases.push(LeaseRecord::decode(value).context("bad lease record")?);
+            Ok(())
+        })?;
+    }
+    Ok(Contents {
+        log,
+        revisions: Revisions {
+            current,
+            compact,
+            compacted_through: compact.max(0),
+        },
+        leases,
+    })
+}
+
+/// Completes a compaction at `compact` that etcd had scheduled but not
+/// finished (as etcd does on its next start): at or below it, only each
+/// key's latest row survives, unless that row is a deletion.
+fn complete_compaction(log: &mut Vec<LogEntry>, compact: i64) {
+    if compact <= 0 {
+        return;
+    }
+    let mut latest: HashMap<&[u8], usize> = HashMap::new();
+    for (index, entry) in log.iter().enumerate() {
+        if entry.kv.mod_revision <= compact {
+            latest.insert(&entry.kv.key, index);
+        }
+    }
+    let keep: Vec<bool> = log
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            entry.kv.mod_revision > compact
+                || (!entry.deleted && latest.get(&entry.kv.key[..]) == Some(&index))
+        })
+        .collect();
+    let mut keep = keep.into_iter();
+    log.retain(|_| keep.next().unwrap_or(false));
+}
+
+/// The HashKV (at the current revision) of a store holding `contents`,
+/// computed as `hash_kv` computes it, and the number of live keys.
+fn expected_hash(contents: &Contents) -> (u32, usize) {
+    let mut live: BTreeMap<&[u8], &LogEntry> = BTreeMap::new();
+    for entry in &contents.log {
+        if entry.deleted {
+            live.remove(&entry.kv.key[..]);
+        } else {
+            live.insert(&entry.kv.key, entry);
+        }
+    }
+    let compact = contents.revisions.compact;
+    let mut hasher = LiveKeysHasher::default();
+    if compact > 0 {
+        for entry in live.values().filter(|e| e.kv.mod_revision <= compact) {
+            hasher.add(&entry.kv);
+        }
+    }
+    for entry in contents.log.iter().filter(|e| e.kv.mod_revision > compact) {
+        hasher.add_log_entry(entry);
+    }
+    (hasher.finish(), live.len())
+}
+
+/// Copies the etcd snapshot at `path` into `target`, in one target
+/// transaction, and checks the result.
+pub async fn import<T: Backend>(
+    path: &Path,
+    target: &T,
+    force: bool,
+    history: bool,
+) -> anyhow::Result<Migrated> {
+    let file = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let data = database_bytes(&file, path)?;
+    let contents = read_contents(data, history)
+        .with_context(|| format!("{} is not a readable etcd snapshot", path.display()))?;
+    let revisions = contents.revisions;
+    tracing::info!(
+        "importing {} revision records (revision {}, compact revision {}) and {} leases",
+        contents.log.len(),
+        revisions.current,
+        revisions.compact,
+        contents.leases.len()
+    );
+
+    let mut writer = target.write().await?;
+    empty_target(&mut writer, force).await?;
+    for entry in &contents.log {
+        writer.append(entry).await?;
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    for lease in &contents.leases {
+        // As etcd's lessor on promotion: the checkpointed remaining TTL if
+        // there is one, else the full TTL, from now.
+        let remaining = if lease.remaining_ttl > 0 {
+            lease.remaining_ttl
+        } else {
+            lease.ttl
+        };
+        let row = LeaseRow {
+            id: lease.id,
+            ttl: lease.ttl.max(1),
+            expires_at: now_ms + remaining.max(1) * 1000,
+        };
+        writer.put_lease(&row).await?;
+    }
+    writer.set_revisions(revisions).await?;
+    writer.commit().await?;
+
+    let (hash, keys) = expected_hash(&contents);
+    let mut check = target.read().await?;
+    let target_revisions = check.revisions().await?;
+    let everything = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    let checks = vec![
+        Check {
+            what: "revision".into(),
+            source: revisions.current.to_string(),
+            target: target_revisions.current.to_string(),
+        },
+        Check {
+            what: "compact revision".into(),
+            source: revisions.compact.to_string(),
+            target: target_revisions.compact.to_string(),
+        },
+        Check {
+            what: format!("HashKV at revision {}", revisions.current),
+            source: format!("{hash:#010x}"),
+            target: format!("{:#010x}", hash_kv(&mut check, 0).await?.hash),
+        },
+        Check {
+            what: format!("keys at revision {}", revisions.current),
+            source: keys.to_string(),
+            target: check.count(&everything, ReadAt::Current).await?.to_string(),
+        },
+        Check {
+            what: "leases".into(),
+            source: contents.leases.len().to_string(),
+            target: check.leases().await?.len().to_string(),
+        },
+    ];
+    super::all_equal(&checks)?;
+    Ok(Migrated { revisions, checks })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailer_is_checked_and_cut() {
+        let path = Path::new("x.db");
+        let data = vec![7u8; 1024];
+        assert_eq!(database_bytes(&data, path).unwrap().len(), 1024);
+        let mut with = data.clone();
+        with.extend_from_slice(&Sha256::digest(&data));
+        assert_eq!(database_bytes(&with, path).unwrap(), &data[..]);
+        let last = with.len() - 1;
+        with[last] ^= 1;
+        assert!(database_bytes(&with, path).is_err());
+    }
+
+    fn row(key: &str, revision: i64, deleted: bool) -> LogEntry {
+        LogEntry {
+            kv: KeyValue {
+                key: key.into(),
+                mod_revision: revision,
+                ..Default::default()
+            },
+            sub: 0,
+            deleted,
+        }
+    }
+
+    #[test]
+    fn an_unfinished_compaction_is_completed() {
+        let mut log = vec![
+            row("a", 2, false),
+            row("b", 3, false),
+            row("a", 4, false),
+            row("b", 5, true),
+            row("c", 6, false),
+            row("a", 7, false),
+        ];
+        complete_compaction(&mut log, 5);
+        let left: Vec<(Vec<u8>, i64)> = log
+            .iter()
+            .map(|e| (e.kv.key.clone(), e.kv.mod_revision))
+            .collect();
+        assert_eq!(
+            left,
+            vec![(b"a".to_vec(), 4), (b"c".to_vec(), 6), (b"a".to_vec(), 7)]
+        );
+        let mut never = vec![row("a", 2, false), row("a", 3, true)];
+        complete_compaction(&mut never, -1);
+        assert_eq!(never.len(), 2);
+    }
+
+    #[test]
+    fn snapshot_scheme() {
+        assert_eq!(
+            snapshot_path("etcd-snapshot:///tmp/s.db"),
+            Some(Path::new("/tmp/s.db"))
+        );
+        assert_eq!(snapshot_path("/tmp/s.db"), None);
+    }
+}
