@@ -27,24 +27,8 @@ use cetera::proto::etcdserverpb::{
 };
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
+use common::migration::{all_keys, leases, migrate, text};
 use common::{Cetera, Etcd, channel, etcdctl_35, in_ci, run_etcdctl};
-
-/// Runs `cetera migrate --from FROM --to TO [extra]`.
-fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cetera"))
-        .args(["migrate", "--from", from, "--to", to])
-        .args(extra)
-        .output()
-        .expect("run cetera migrate")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 fn assert_success(output: &Output, what: &str) {
     assert!(output.status.success(), "{what} failed: {}", text(output));
@@ -507,44 +491,6 @@ async fn a_migration_killed_half_way_leaves_an_empty_target_and_a_rerun_complete
         stdout.contains("verified keys at revision 20001: source 5000 target 5000"),
         "{stdout}"
     );
-}
-
-/// Every key at `revision` (0: current), with the header's revision.
-async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
-    let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
-    let request = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        revision,
-        ..Default::default()
-    };
-    match kv.range(request).await {
-        Ok(resp) => {
-            let resp = resp.into_inner();
-            Ok((resp.header.unwrap().revision, resp.kvs))
-        }
-        Err(status) => Err(status.message().to_string()),
-    }
-}
-
-/// Each lease: id, granted TTL, remaining TTL and its keys.
-async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
-    let mut lease = LeaseClient::new(channel(endpoint).await);
-    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
-    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
-    ids.sort();
-    let mut rows = Vec::new();
-    for id in ids {
-        let ttl = lease
-            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut keys = ttl.keys;
-        keys.sort();
-        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
-    }
-    rows
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

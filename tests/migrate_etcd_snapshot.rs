@@ -8,77 +8,12 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
 use cetera::proto::etcdserverpb::kv_client::KvClient;
-use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::request_op::Request;
-use cetera::proto::etcdserverpb::{
-    LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
-};
-use cetera::proto::mvccpb::KeyValue;
+use cetera::proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest};
 use common::datastore::FreshDatabase;
+use common::migration::{all_keys, leases, migrate, text};
 use common::{Cetera, Etcd, channel, etcdctl_35, run_etcdctl};
-
-/// Runs `cetera migrate --from FROM --to TO [extra]`.
-fn migrate_with(from: &str, to: &str, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cetera"))
-        .args(["migrate", "--from", from, "--to", to])
-        .args(extra)
-        .output()
-        .expect("run cetera migrate")
-}
-
-/// Runs `cetera migrate --from FROM --to TO`.
-fn migrate(from: &str, to: &str) -> Output {
-    migrate_with(from, to, &[])
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// Every key at `revision` (0: current) with the header's revision, or the error message.
-async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
-    let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
-    let request = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        revision,
-        ..Default::default()
-    };
-    match kv.range(request).await {
-        Ok(resp) => {
-            let resp = resp.into_inner();
-            Ok((resp.header.unwrap().revision, resp.kvs))
-        }
-        Err(status) => Err(status.message().to_string()),
-    }
-}
-
-/// Each lease: id, granted TTL, remaining TTL and its keys.
-async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
-    let mut lease = LeaseClient::new(channel(endpoint).await);
-    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
-    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
-    ids.sort();
-    let mut rows = Vec::new();
-    for id in ids {
-        let ttl = lease
-            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut keys = ttl.keys;
-        keys.sort();
-        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
-    }
-    rows
-}
 
 /// The revision in etcdctl's `-w json` output.
 fn json_revision(output: &str) -> i64 {
@@ -158,6 +93,7 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     let output = migrate(
         &format!("etcd-snapshot://{}", file.display()),
         &target.endpoint,
+        &[],
     );
     assert!(output.status.success(), "migrate: {}", text(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -214,6 +150,7 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     let refused = migrate(
         &format!("etcd-snapshot://{}", file.display()),
         &target.endpoint,
+        &[],
     );
     assert!(text(&refused).contains("use --force"), "{}", text(&refused));
     let bytes = std::fs::read(&file).unwrap();
@@ -224,6 +161,7 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     let output = migrate(
         &format!("etcd-snapshot://{}", bare.display()),
         &other.endpoint,
+        &[],
     );
     assert!(output.status.success(), "migrate bare: {}", text(&output));
     let server = Cetera::start_on(&other.endpoint).await;
@@ -237,7 +175,7 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     let live_dir = tempfile::tempdir().unwrap();
     let live_only = FreshDatabase::new(live_dir.path());
     let from = format!("etcd-snapshot://{}", file.display());
-    let output = migrate_with(&from, &live_only.endpoint, &["--history=false"]);
+    let output = migrate(&from, &live_only.endpoint, &["--history=false"]);
     assert!(output.status.success(), "migrate: {}", text(&output));
     let server = Cetera::start_on(&live_only.endpoint).await;
     assert_eq!(
@@ -261,6 +199,7 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     let output = migrate(
         &format!("etcd-snapshot://{}", bad.display()),
         &third.endpoint,
+        &[],
     );
     assert!(!output.status.success());
     assert!(

@@ -8,38 +8,20 @@
 
 mod common;
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
-    DeleteRangeRequest, LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest,
-    RangeRequest, RequestOp, TxnRequest,
+    DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
+use common::migration::{leases, migrate, text};
 use common::{Cetera, ClientTls, Etcd, channel};
 use rcgen::{
     BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-
-/// Runs `cetera migrate --from FROM --to TO [extra]`.
-fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cetera"))
-        .args(["migrate", "--from", from, "--to", to])
-        .args(extra)
-        .output()
-        .expect("run cetera migrate")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 fn put(key: &[u8], value: &[u8], lease: i64) -> PutRequest {
     PutRequest {
@@ -63,26 +45,6 @@ async fn live_keys(endpoint: &str) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
         .into_iter()
         .map(|kv| (kv.key, kv.value, kv.lease))
         .collect()
-}
-
-/// Each lease: id, remaining TTL and its keys, by id.
-async fn leases(endpoint: &str) -> Vec<(i64, i64, Vec<Vec<u8>>)> {
-    let mut lease = LeaseClient::new(channel(endpoint).await);
-    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
-    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
-    ids.sort();
-    let mut rows = Vec::new();
-    for id in ids {
-        let ttl = lease
-            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut keys = ttl.keys;
-        keys.sort();
-        rows.push((id, ttl.ttl, keys));
-    }
-    rows
 }
 
 /// 300 keys (more than two Txns of 128), overwrites, deletions, binary keys
@@ -177,7 +139,7 @@ async fn exports_live_keys_and_leases_to_a_real_etcd() {
     assert_eq!(live_keys(&etcd.endpoint()).await, want_keys);
     let got_leases = leases(&etcd.endpoint()).await;
     assert_eq!(got_leases.len(), want_leases.len());
-    for ((id, ttl, keys), (want_id, want_ttl, want_lease_keys)) in
+    for ((id, _, ttl, keys), (want_id, _, want_ttl, want_lease_keys)) in
         got_leases.iter().zip(&want_leases)
     {
         assert_eq!((id, keys), (want_id, want_lease_keys));
@@ -186,7 +148,7 @@ async fn exports_live_keys_and_leases_to_a_real_etcd() {
             "lease {id:x}: etcd TTL {ttl}, source remaining {want_ttl}"
         );
     }
-    assert!(got_leases[2].2.is_empty());
+    assert!(got_leases[2].3.is_empty());
 
     // A second export finds etcd holding keys: refused, nothing changed...
     let refused = migrate(source.datastore_endpoint(), &etcd.endpoint(), &[]);

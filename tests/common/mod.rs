@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod datastore;
+pub mod migration;
 
 use std::fs::File;
 use std::net::TcpListener;

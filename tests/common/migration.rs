@@ -1,0 +1,68 @@
+//! Helpers of the `cetera migrate` tests: run the command, and read a whole
+//! store back (every key at a revision, every lease with its keys) to compare
+//! the two sides of a migration.
+
+use std::process::{Command, Output};
+
+use cetera::proto::etcdserverpb::kv_client::KvClient;
+use cetera::proto::etcdserverpb::lease_client::LeaseClient;
+use cetera::proto::etcdserverpb::{LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest};
+use cetera::proto::mvccpb::KeyValue;
+
+use super::channel;
+
+/// Runs `cetera migrate --from FROM --to TO [extra]`.
+pub fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args(["migrate", "--from", from, "--to", to])
+        .args(extra)
+        .output()
+        .expect("run cetera migrate")
+}
+
+/// A command's stdout then stderr, as text.
+pub fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Every key at `revision` (0: current) with the header's revision, or the error message.
+pub async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
+    let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
+    let request = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        revision,
+        ..Default::default()
+    };
+    match kv.range(request).await {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            Ok((resp.header.unwrap().revision, resp.kvs))
+        }
+        Err(status) => Err(status.message().to_string()),
+    }
+}
+
+/// Each lease: id, granted TTL, remaining TTL and its keys.
+pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
+    let mut lease = LeaseClient::new(channel(endpoint).await);
+    let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
+    let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
+    ids.sort();
+    let mut rows = Vec::new();
+    for id in ids {
+        let ttl = lease
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut keys = ttl.keys;
+        keys.sort();
+        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
+    }
+    rows
+}
