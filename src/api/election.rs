@@ -76,7 +76,17 @@ impl<B: Backend> ElectionService<B> {
             })],
         };
         self.check_size(&join)?;
-        let joined = self.store.txn(join).await?;
+        // A caller gone while the join commits leaves no candidate behind.
+        let mut leave = CleanupOnDrop::new(
+            self.store.clone(),
+            TxnRequest {
+                success: vec![delete_op(&key)],
+                ..Default::default()
+            },
+        );
+        let joined = self.store.txn(join).await;
+        leave.disarm();
+        let joined = joined?;
         let mut rev = joined.header.as_ref().map_or(0, |h| h.revision);
         if !joined.succeeded {
             // This lease is already a candidate: keep its place in the

@@ -70,7 +70,23 @@ impl<B: Backend> LockService<B> {
                 owner(),
             ],
         };
-        let acquired = self.store.txn(acquire).await?;
+        // etcd unlocks when waiting fails, including when the caller gives
+        // up. Armed before the txn, so that a caller gone while it commits
+        // leaves no key behind either.
+        let mut unlock = CleanupOnDrop::new(
+            self.store.clone(),
+            TxnRequest {
+                success: vec![delete_op(&key)],
+                ..Default::default()
+            },
+        );
+        let acquired = match self.store.txn(acquire).await {
+            Ok(acquired) => acquired,
+            Err(error) => {
+                unlock.disarm();
+                return Err(error.into());
+            }
+        };
         let mut header = acquired.header.unwrap_or_default();
         let my_revision = if acquired.succeeded {
             header.revision
@@ -81,15 +97,7 @@ impl<B: Backend> LockService<B> {
         };
         let first = txn_range_kvs(&acquired, 1).first();
         if first.is_some_and(|kv| kv.create_revision != my_revision) {
-            // Someone is ahead: wait our turn. etcd unlocks if waiting fails,
-            // including when the caller gives up.
-            let mut unlock = CleanupOnDrop::new(
-                self.store.clone(),
-                TxnRequest {
-                    success: vec![delete_op(&key)],
-                    ..Default::default()
-                },
-            );
+            // Someone is ahead: wait our turn.
             if let Err(status) =
                 wait_deletes(&self.store, &prefix, my_revision - 1, &self.stop).await
             {
@@ -111,6 +119,7 @@ impl<B: Backend> LockService<B> {
             }
             header = mine.header.unwrap_or_default();
         }
+        unlock.disarm();
         let mut header = Some(header);
         self.info.fill(&mut header, self.store.revisions().current);
         Ok(LockResponse { header, key })
