@@ -782,9 +782,13 @@ mod tests {
     crate::conformance_suite!(open);
 
     fn put(key: &str) -> crate::proto::etcdserverpb::PutRequest {
+        put_sized(key, 256)
+    }
+
+    fn put_sized(key: &str, value_bytes: usize) -> crate::proto::etcdserverpb::PutRequest {
         crate::proto::etcdserverpb::PutRequest {
             key: key.into(),
-            value: vec![7; 256],
+            value: vec![7; value_bytes],
             ..Default::default()
         }
     }
@@ -844,12 +848,18 @@ mod tests {
         let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
-        // About 3 pages per put: well past the checkpoint threshold.
-        for i in 0..checkpointer::CHECKPOINT_PAGES {
-            store.put(put(&format!("key{i:05}"))).await.unwrap();
+        // A 64 KiB value takes 16 pages in the log and 16 in the live-key
+        // table: this writes about 1.5 times the checkpoint threshold.
+        let value_bytes = 64 * 1024;
+        let puts = checkpointer::CHECKPOINT_PAGES as usize * 4096 * 3 / 2 / (2 * value_bytes);
+        for i in 0..puts {
+            store
+                .put(put_sized(&format!("key{i:05}"), value_bytes))
+                .await
+                .unwrap();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while size() < before + 256 * 1000 {
+        while size() < before + (puts * value_bytes) as u64 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "no checkpoint: the database file stayed at {} bytes",
