@@ -256,6 +256,12 @@ run_case() {
             sample_end "$pid"
             record "$case" "$label" "$server" "$OUT/$tag.json"
         done
+        # What cetera's commits wrote: pages per commit in its WAL (read before
+        # the stop, which checkpoints and removes the WAL).
+        local wal=$WORK/$case-cetera/state.db-wal
+        if [[ $server == cetera && -f $wal ]]; then
+            python3 scripts/wal-frames.py "$wal" --json >"$OUT/$case-wal.json" || true
+        fi
         stop_server "$pid"
     done
 }
@@ -334,8 +340,8 @@ fi
     echo "- fsync counter: $FSYNC_TOOL; load average (1, 5, 15 min) at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.md"
 
-python3 - "$RESULTS" "$OUT/env.md" >"$OUT/report.md" <<'EOF'
-import json, sys
+python3 - "$RESULTS" "$OUT/env.md" "$OUT" >"$OUT/report.md" <<'EOF'
+import glob, json, os, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 env = open(sys.argv[2]).read()
@@ -424,6 +430,17 @@ for step in steps:
     ]) + " |")
 out.append("")
 out.append("For idle, the fsync/op and KB/op columns are per minute. CPU is the server's (user + system).")
+
+# cetera's WAL at the end of each case (scripts/wal-frames.py): the pages its commits wrote.
+wal = []
+for path in sorted(glob.glob(os.path.join(sys.argv[3], "*-wal.json"))):
+    w = json.load(open(path))
+    if w.get("commits"):
+        case = os.path.basename(path)[: -len("-wal.json")]
+        wal.append(f"| {case} | {w['commits']} | {w['frames_per_commit']} | {w['frames_per_commit_p50']} | {fmt(w['wal_bytes_per_commit'] / 1024, 2)} |")
+if wal:
+    out += ["", "### cetera's WAL at the end of each case (the commits since its last restart)", ""]
+    out += ["| case | commits | pages per commit (mean) | pages per commit (p50) | WAL KB per commit |", "|---|---:|---:|---:|---:|"] + wal
 
 # Targets of issue #6.
 T = []
