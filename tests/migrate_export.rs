@@ -16,12 +16,10 @@ use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
     DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
+use common::certs::Ca;
 use common::migration::{leases, migrate, text};
 use common::{Cetera, ClientTls, Etcd, channel};
-use rcgen::{
-    BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 
 fn put(key: &[u8], value: &[u8], lease: i64) -> PutRequest {
     PutRequest {
@@ -182,35 +180,15 @@ async fn exports_live_keys_and_leases_to_a_real_etcd() {
     );
 }
 
-/// A certificate and key (PEM) for localhost and 127.0.0.1, signed by `ca`.
-fn issue(ca: &Issuer<'static, KeyPair>, usage: ExtendedKeyUsagePurpose) -> (String, String) {
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    let mut params = CertificateParams::new(names).unwrap();
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    params.extended_key_usages = vec![usage];
-    params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, ca).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exports_to_an_https_etcd_with_client_certificates() {
     let pki = tempfile::tempdir().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_key = KeyPair::generate().unwrap();
-    let ca_pem = params.self_signed(&ca_key).unwrap().pem();
-    let ca = Issuer::new(params, ca_key);
-    let server = issue(&ca, ExtendedKeyUsagePurpose::ServerAuth);
-    let client = issue(&ca, ExtendedKeyUsagePurpose::ClientAuth);
+    let ca = Ca::new("cetera test CA");
+    let server = ca.issue("server", ExtendedKeyUsagePurpose::ServerAuth);
+    let client = ca.issue("root", ExtendedKeyUsagePurpose::ClientAuth);
     let path = |name: &str| pki.path().join(name).display().to_string();
     for (name, text) in [
-        ("ca.pem", &ca_pem),
+        ("ca.pem", &ca.pem),
         ("server.pem", &server.0),
         ("server-key.pem", &server.1),
         ("client.pem", &client.0),
@@ -229,7 +207,7 @@ async fn exports_to_an_https_etcd_with_client_certificates() {
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let probe = ClientTls {
-        ca_pem: ca_pem.clone(),
+        ca_pem: ca.pem.clone(),
         identity: Some(client.clone()),
     };
     let Some(etcd) = Etcd::start_tls(&flags, probe.clone()).await else {

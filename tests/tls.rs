@@ -10,52 +10,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use cetera::proto::etcdserverpb::{PutRequest, RangeRequest, kv_client::KvClient};
+use common::certs::Ca;
 use common::{Cetera, ClientTls, Etcd};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use tempfile::TempDir;
-
-/// A CA with its key.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Ca {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate and key (PEM) for `common_name`, valid for localhost and
-    /// 127.0.0.1, for servers or for clients.
-    fn issue(&self, common_name: &str, usage: ExtendedKeyUsagePurpose) -> (String, String) {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![usage];
-        params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 /// The files of one test: a CA, a server certificate, a client certificate,
 /// and a client certificate from another CA.

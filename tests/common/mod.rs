@@ -10,6 +10,7 @@
 // Every test crate includes this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod datastore;
 pub mod migration;
 
