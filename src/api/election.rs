@@ -17,8 +17,8 @@ use super::ServerInfo;
 use super::lock::txn_range_kvs;
 use super::prefix_queue::{
     CleanupOnDrop, RevisionFeed, authorize_queue, contender_key, created_at, delete_op,
-    if_created_at, oldest_or_newest, put_op, queue_prefix, range_op, session_lease,
-    through_internal_client, wait_deletes,
+    if_created_at, oldest_or_newest, put_op, queue_prefix, range_op, serve_queue_call,
+    session_lease, wait_deletes,
 };
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::range_request::SortOrder;
@@ -277,45 +277,42 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
-        authorize_queue(
+        serve_queue_call(
             &self.info,
-            request.metadata(),
-            &request.get_ref().name,
+            request,
+            |r| Some(&r.name),
             true,
-        )?;
-        self.campaign_inner(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(through_internal_client)
+            |req| self.campaign_inner(req),
+        )
+        .await
     }
 
     async fn proclaim(
         &self,
         request: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
-        if let Some(leader) = &request.get_ref().leader {
-            authorize_queue(&self.info, request.metadata(), &leader.name, true)?;
-        }
-        self.proclaim_inner(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(through_internal_client)
+        serve_queue_call(
+            &self.info,
+            request,
+            |r| r.leader.as_ref().map(|l| l.name.as_slice()),
+            true,
+            |req| self.proclaim_inner(req),
+        )
+        .await
     }
 
     async fn leader(
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
-        authorize_queue(
+        serve_queue_call(
             &self.info,
-            request.metadata(),
-            &request.get_ref().name,
+            request,
+            |r| Some(&r.name),
             false,
-        )?;
-        self.leader_inner(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(through_internal_client)
+            |req| self.leader_inner(req),
+        )
+        .await
     }
 
     type ObserveStream = ObserveStream;
@@ -357,12 +354,13 @@ impl<B: Backend> Election for ElectionService<B> {
         &self,
         request: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
-        if let Some(leader) = &request.get_ref().leader {
-            authorize_queue(&self.info, request.metadata(), &leader.name, true)?;
-        }
-        self.resign_inner(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(through_internal_client)
+        serve_queue_call(
+            &self.info,
+            request,
+            |r| r.leader.as_ref().map(|l| l.name.as_slice()),
+            true,
+            |req| self.resign_inner(req),
+        )
+        .await
     }
 }

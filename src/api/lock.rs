@@ -10,8 +10,8 @@ use tonic::{Code, Request, Response, Status};
 
 use super::ServerInfo;
 use super::prefix_queue::{
-    CleanupOnDrop, authorize_queue, contender_key, created_at, delete_op, is_server_stopped,
-    oldest_or_newest, put_op, queue_prefix, range_op, session_lease, through_internal_client,
+    CleanupOnDrop, contender_key, created_at, delete_op, is_server_stopped, oldest_or_newest,
+    put_op, queue_prefix, range_op, serve_queue_call, session_lease, through_internal_client,
     wait_deletes,
 };
 use crate::auth::perms::Access;
@@ -129,16 +129,14 @@ impl<B: Backend> LockService<B> {
 #[tonic::async_trait]
 impl<B: Backend> Lock for LockService<B> {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
-        authorize_queue(
+        serve_queue_call(
             &self.info,
-            request.metadata(),
-            &request.get_ref().name,
+            request,
+            |r| Some(&r.name),
             true,
-        )?;
-        self.acquire(request.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(through_internal_client)
+            |req| self.acquire(req),
+        )
+        .await
     }
 
     async fn unlock(

@@ -5,6 +5,7 @@
 //! earlier key is deleted. Waiting follows the watch hub (falling back to the
 //! revision log), so a waiter never polls the database.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -135,6 +136,29 @@ pub fn if_created_at(key: &[u8], revision: i64, then: RequestOp) -> TxnRequest {
         success: vec![then],
         failure: Vec::new(),
     }
+}
+
+/// Serves one unary Lock or Election call as etcd's server does: the
+/// caller's permissions on the queue named in the request (if it names one)
+/// are checked first, then `call` runs, and its errors come back as etcd's
+/// in-process client passes them on.
+pub async fn serve_queue_call<T, R, F>(
+    info: &ServerInfo,
+    request: tonic::Request<T>,
+    queue: fn(&T) -> Option<&[u8]>,
+    write: bool,
+    call: impl FnOnce(T) -> F,
+) -> Result<tonic::Response<R>, Status>
+where
+    F: Future<Output = Result<R, Status>>,
+{
+    if let Some(name) = queue(request.get_ref()) {
+        authorize_queue(info, request.metadata(), name, write)?;
+    }
+    call(request.into_inner())
+        .await
+        .map(tonic::Response::new)
+        .map_err(through_internal_client)
 }
 
 /// Checks that the caller may use the queue `name`: read (Leader, Observe)
