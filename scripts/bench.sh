@@ -169,6 +169,7 @@ stop_server() {
 io_field() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/io"; }
 status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+sys_ticks() { awk '{ print $15 }' "/proc/$1/stat"; }
 
 # sample_begin PID TAG: snapshots counters and starts the fsync counter.
 sample_begin() {
@@ -176,6 +177,7 @@ sample_begin() {
     S_WB=$(io_field "$pid" write_bytes)
     S_SYSCW=$(io_field "$pid" syscw)
     S_CPU=$(cpu_ticks "$pid")
+    S_SYS=$(sys_ticks "$pid")
     S_T0=$(date +%s.%N)
     S_FSYNC_OUT=$OUT/$tag.fsync
     case $FSYNC_TOOL in
@@ -203,15 +205,17 @@ sample_end() {
             fsyncs=$(awk '$NF ~ /^f(data)?sync$/ { n += $4 } END { print n + 0 }' "$S_FSYNC_OUT")
         fi
     fi
-    local t1 wb syscw cpu hz
+    local t1 wb syscw cpu sys hz
     t1=$(date +%s.%N)
     wb=$(io_field "$pid" write_bytes)
     syscw=$(io_field "$pid" syscw)
     cpu=$(cpu_ticks "$pid")
+    sys=$(sys_ticks "$pid")
     hz=$(getconf CLK_TCK)
-    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s}' \
+    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s}' \
         "$fsyncs" "$((wb - S_WB))" "$((syscw - S_SYSCW))" \
         "$(awk -v a="$S_CPU" -v b="$cpu" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
+        "$(awk -v a="$S_SYS" -v b="$sys" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="$S_T0" -v b="$t1" 'BEGIN { print b - a }')" \
         "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)")
 }
@@ -316,12 +320,12 @@ if want idle; then
     sleep 3 # let start-up writes settle
     echo '{"results": []}' >"$OUT/idle.json"
     sample_begin "$etcd_pid" idle-etcd
-    E_WB=$S_WB E_SYSCW=$S_SYSCW E_CPU=$S_CPU E_T0=$S_T0 E_COUNTER=$S_COUNTER E_OUT=$S_FSYNC_OUT
+    E_WB=$S_WB E_SYSCW=$S_SYSCW E_CPU=$S_CPU E_SYS=$S_SYS E_T0=$S_T0 E_COUNTER=$S_COUNTER E_OUT=$S_FSYNC_OUT
     sample_begin "$cetera_pid" idle-cetera
     sleep "$IDLE_SECS"
     sample_end "$cetera_pid"
     record idle idle cetera "$OUT/idle.json"
-    S_WB=$E_WB S_SYSCW=$E_SYSCW S_CPU=$E_CPU S_T0=$E_T0 S_COUNTER=$E_COUNTER S_FSYNC_OUT=$E_OUT
+    S_WB=$E_WB S_SYSCW=$E_SYSCW S_CPU=$E_CPU S_SYS=$E_SYS S_T0=$E_T0 S_COUNTER=$E_COUNTER S_FSYNC_OUT=$E_OUT
     sample_end "$etcd_pid"
     record idle idle etcd "$OUT/idle.json"
     stop_server "$cetera_pid"
@@ -407,8 +411,8 @@ if notes:
     out += ["", "<details><summary>scenario notes</summary>", ""] + notes + ["", "</details>"]
 
 out += ["", "### Disk, CPU and memory of the server during each step", ""]
-out.append("| step | ops | etcd fsyncs | cetera fsyncs | etcd fsync/op | cetera fsync/op | etcd KB written/op | cetera KB written/op | etcd CPU ms/op | cetera CPU ms/op | etcd VmHWM MB | cetera VmHWM MB | etcd VmRSS MB | cetera VmRSS MB |")
-out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+out.append("| step | ops | etcd fsyncs | cetera fsyncs | etcd fsync/op | cetera fsync/op | etcd KB written/op | cetera KB written/op | etcd CPU ms/op | cetera CPU ms/op | etcd kernel % | cetera kernel % | etcd VmHWM MB | cetera VmHWM MB | etcd VmRSS MB | cetera VmRSS MB |")
+out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for step in steps:
     e, c = by.get((step, "etcd")), by.get((step, "cetera"))
     def per(r, s, k, scale=1.0):
@@ -420,16 +424,21 @@ for step in steps:
         return r["sample"][k] * scale / n if n else None
     sm = lambda r, k: None if r is None else r["sample"][k]
     mb = lambda r, k: None if r is None else r["sample"][k] / 1024
+    def kernel(r):
+        if r is None or not r["sample"].get("cpu_s") or r["sample"].get("sys_s") is None:
+            return None
+        return 100 * r["sample"]["sys_s"] / r["sample"]["cpu_s"]
     n = "per minute" if step == "idle" else f"{ops(step, 'etcd')}/{ops(step, 'cetera')}"
     out.append("| " + " | ".join([
         step, n, fmt(sm(e, "fsyncs")), fmt(sm(c, "fsyncs")),
         fmt(per(e, "etcd", "fsyncs"), 3), fmt(per(c, "cetera", "fsyncs"), 3),
         fmt(per(e, "etcd", "write_bytes", 1 / 1024), 2), fmt(per(c, "cetera", "write_bytes", 1 / 1024), 2),
         fmt(per(e, "etcd", "cpu_s", 1000), 3), fmt(per(c, "cetera", "cpu_s", 1000), 3),
+        fmt(kernel(e), 0), fmt(kernel(c), 0),
         fmt(mb(e, "vmhwm_kb")), fmt(mb(c, "vmhwm_kb")), fmt(mb(e, "vmrss_kb")), fmt(mb(c, "vmrss_kb")),
     ]) + " |")
 out.append("")
-out.append("For idle, the fsync/op and KB/op columns are per minute. CPU is the server's (user + system).")
+out.append("For idle, the fsync/op and KB/op columns are per minute. CPU is the server's (user + system); kernel % is the system part of it.")
 
 # cetera's WAL at the end of each case (scripts/wal-frames.py): the pages its commits wrote.
 wal = []
