@@ -287,6 +287,14 @@ pub trait Backend: Send + Sync + 'static {
         async { Ok(()) }
     }
 
+    /// True if the backend's calls do their work on the calling thread
+    /// (an embedded database) rather than waiting on a server. The store
+    /// then runs its writer on a thread of its own, so that a commit's
+    /// fsync never stalls one of the runtime's few worker threads.
+    fn works_on_calling_thread(&self) -> bool {
+        false
+    }
+
     /// Longest key the schema can store and index, in bytes.
     fn max_key_bytes(&self) -> usize {
         usize::MAX

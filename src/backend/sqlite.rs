@@ -18,6 +18,10 @@ use super::{
 };
 use crate::proto::mvccpb::KeyValue;
 
+mod checkpointer;
+
+use self::checkpointer::Checkpointer;
+
 mod migrations {
     refinery::embed_migrations!("migrations/sqlite");
 }
@@ -30,6 +34,7 @@ pub struct Sqlite {
     path: PathBuf,
     writer: Arc<tokio::sync::Mutex<Connection>>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    checkpointer: Arc<Checkpointer>,
 }
 
 impl Sqlite {
@@ -44,10 +49,12 @@ impl Sqlite {
         migrations::migrations::runner()
             .run(&mut writer)
             .context("cannot apply SQLite migrations")?;
+        checkpointer::watch_wal(&writer);
         Ok(Sqlite {
             path: path.to_path_buf(),
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
             readers: Arc::new(Mutex::new(Vec::new())),
+            checkpointer: Arc::new(Checkpointer::start(path)?),
         })
     }
 
@@ -176,8 +183,15 @@ impl Backend for Sqlite {
         conn.execute_batch("BEGIN IMMEDIATE")?;
         Ok(SqliteWrite {
             conn,
+            checkpointer: self.checkpointer.clone(),
+            meta: None,
+            last_appended: 0,
             committed: false,
         })
+    }
+
+    fn works_on_calling_thread(&self) -> bool {
+        true
     }
 
     async fn size(&self) -> BackendResult<DatabaseSize> {
@@ -253,6 +267,11 @@ impl Drop for SqliteRead {
 /// The write transaction on the single writer connection.
 pub struct SqliteWrite {
     conn: OwnedMutexGuard<Connection>,
+    checkpointer: Arc<Checkpointer>,
+    /// The `meta` row as this transaction read it (see `query_revisions`).
+    meta: Option<Revisions>,
+    /// The revision of the last log row appended in this transaction.
+    last_appended: i64,
     committed: bool,
 }
 
@@ -373,15 +392,30 @@ fn query_count(conn: &Connection, range: &KeyRange, at: ReadAt) -> rusqlite::Res
     Ok(counts.first().copied().unwrap_or(0))
 }
 
-fn query_revisions(conn: &Connection) -> rusqlite::Result<Revisions> {
-    conn.prepare_cached("SELECT revision, compact_revision, compacted_through FROM meta")?
-        .query_row([], |r| {
-            Ok(Revisions {
-                current: r.get(0)?,
-                compact: r.get(1)?,
-                compacted_through: r.get(2)?,
-            })
-        })
+/// The counters, and the `meta` row they came from. A commit that only adds
+/// revisions leaves `meta` alone (one page less to write per commit): every
+/// new revision has a row in the log, so the current revision is the larger
+/// of `meta.revision` and the log's last revision. `meta.revision` is
+/// brought up to date whenever the compaction counters change, so that
+/// compaction removing the log's last rows never takes revisions back.
+fn query_revisions(conn: &Connection) -> rusqlite::Result<(Revisions, Revisions)> {
+    conn.prepare_cached(
+        "SELECT revision, (SELECT MAX(revision) FROM log), compact_revision, compacted_through \
+         FROM meta",
+    )?
+    .query_row([], |r| {
+        let meta = Revisions {
+            current: r.get(0)?,
+            compact: r.get(2)?,
+            compacted_through: r.get(3)?,
+        };
+        let logged: Option<i64> = r.get(1)?;
+        let revisions = Revisions {
+            current: meta.current.max(logged.unwrap_or(0)),
+            ..meta
+        };
+        Ok((revisions, meta))
+    })
 }
 
 fn query_log(conn: &Connection, after: i64, through: i64) -> rusqlite::Result<Vec<LogEntry>> {
@@ -470,8 +504,12 @@ macro_rules! impl_read_txn {
     ($ty:ty, $conn:ident => $get:expr) => {
         impl ReadTxn for $ty {
             async fn revisions(&mut self) -> BackendResult<Revisions> {
-                let $conn = self;
-                Ok(query_revisions($get)?)
+                let (revisions, meta) = {
+                    let $conn = &*self;
+                    query_revisions($get)?
+                };
+                self.note_meta(meta);
+                Ok(revisions)
             }
 
             async fn range(
@@ -544,12 +582,34 @@ macro_rules! impl_read_txn {
     };
 }
 
+impl SqliteRead {
+    fn note_meta(&mut self, _meta: Revisions) {}
+}
+
+impl SqliteWrite {
+    fn note_meta(&mut self, meta: Revisions) {
+        self.meta = Some(meta);
+    }
+
+    /// True if the log alone tells the store's counters after `revisions`:
+    /// the compaction counters are as `meta` has them and the current
+    /// revision is the last one logged (or unchanged).
+    fn meta_still_holds(&self, revisions: &Revisions) -> bool {
+        self.meta.is_some_and(|meta| {
+            meta.compact == revisions.compact
+                && meta.compacted_through == revisions.compacted_through
+                && (revisions.current == self.last_appended || revisions.current == meta.current)
+        })
+    }
+}
+
 impl_read_txn!(SqliteRead, txn => txn.conn.as_ref().expect("connection present until drop"));
 impl_read_txn!(SqliteWrite, txn => &txn.conn);
 
 impl WriteTxn for SqliteWrite {
     async fn append(&mut self, entry: &LogEntry) -> BackendResult<()> {
         let kv = &entry.kv;
+        self.last_appended = self.last_appended.max(kv.mod_revision);
         self.conn
             .prepare_cached(
                 "INSERT INTO log (revision, sub, key, value, create_revision, version, lease, deleted) \
@@ -588,6 +648,9 @@ impl WriteTxn for SqliteWrite {
     }
 
     async fn set_revisions(&mut self, revisions: Revisions) -> BackendResult<()> {
+        if self.meta_still_holds(&revisions) {
+            return Ok(());
+        }
         self.conn
             .prepare_cached(
                 "UPDATE meta SET revision = ?1, compact_revision = ?2, compacted_through = ?3",
@@ -597,6 +660,7 @@ impl WriteTxn for SqliteWrite {
                 revisions.compact,
                 revisions.compacted_through
             ])?;
+        self.meta = Some(revisions);
         Ok(())
     }
 
@@ -657,6 +721,8 @@ impl WriteTxn for SqliteWrite {
         self.conn.execute_batch(
             "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth;",
         )?;
+        self.meta = None;
+        self.last_appended = 0;
         self.set_revisions(Revisions::EMPTY_STORE).await
     }
 
@@ -682,6 +748,8 @@ impl WriteTxn for SqliteWrite {
     async fn commit(mut self) -> BackendResult<()> {
         self.conn.execute_batch("COMMIT")?;
         self.committed = true;
+        self.checkpointer
+            .after_commit(checkpointer::wal_pages_after_commit());
         Ok(())
     }
 }
@@ -702,4 +770,82 @@ mod tests {
     }
 
     crate::conformance_suite!(open);
+
+    fn put(key: &str) -> crate::proto::etcdserverpb::PutRequest {
+        crate::proto::etcdserverpb::PutRequest {
+            key: key.into(),
+            value: vec![7; 256],
+            ..Default::default()
+        }
+    }
+
+    /// Commits leave `meta` alone; the revision comes back from the log after
+    /// a restart, and from `meta` when compaction removed the log's last row.
+    #[tokio::test]
+    async fn revision_survives_reopen_without_meta_updates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        for key in ["a", "b", "a"] {
+            store.put(put("a")).await.unwrap();
+            store.put(put(key)).await.unwrap();
+        }
+        let meta = |path: &Path| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .query_row("SELECT revision FROM meta", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(meta(&path), 1, "plain commits do not write meta");
+        store.shutdown().await;
+
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        assert_eq!(store.revisions().current, 7);
+        // Delete the newest key and compact at the present: the tombstone,
+        // the log's last row, goes; the revision must not go back.
+        let deleted = store
+            .delete_range(crate::proto::etcdserverpb::DeleteRangeRequest {
+                key: b"b".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let revision = deleted.header.unwrap().revision;
+        let compaction = crate::proto::etcdserverpb::CompactionRequest {
+            revision,
+            physical: true,
+        };
+        store.compact(&compaction).await.unwrap();
+        store.shutdown().await;
+        assert_eq!(meta(&path), revision);
+
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        assert_eq!(store.revisions().current, revision);
+        let next = store.put(put("c")).await.unwrap();
+        assert_eq!(next.header.unwrap().revision, revision + 1);
+    }
+
+    /// The checkpoint thread copies the WAL into the database file once it
+    /// passes `CHECKPOINT_PAGES`, without the writer doing it.
+    #[tokio::test]
+    async fn checkpoint_thread_moves_the_wal_into_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        let size = || std::fs::metadata(&path).unwrap().len();
+        let before = size();
+        // About 3 pages per put: well past the checkpoint threshold.
+        for i in 0..checkpointer::CHECKPOINT_PAGES {
+            store.put(put(&format!("key{i:05}"))).await.unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while size() < before + 256 * 1000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint: the database file stayed at {} bytes",
+                size()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -93,7 +93,7 @@ impl<B: Backend> Store<B> {
         ));
         let revisions = publisher.subscribe();
         let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
-        let writer = tokio::spawn(writer::run(backend.clone(), queue_rx, publisher.clone()));
+        let writer = writer::start(backend.clone(), queue_rx, publisher.clone());
         let compactor = tokio::spawn(compactor(
             backend.clone(),
             queue.downgrade(),

@@ -3,7 +3,10 @@
 //! seeing earlier ones), commits once, then answers them all. One commit, and
 //! so one fsync, for every request that queued up while the last one ran.
 
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use super::alarm::{self, AlarmChange};
 use super::apply::Applier;
@@ -88,11 +91,26 @@ pub struct Queued {
     pub reply: oneshot::Sender<StoreResult<WriteResponse>>,
 }
 
+/// Starts the writer: on a thread of its own when the backend works on the
+/// calling thread (see `Backend::works_on_calling_thread`), else as a task.
+pub fn start<B: Backend>(
+    backend: Arc<B>,
+    queue: mpsc::Receiver<Queued>,
+    publisher: Arc<Publisher<B>>,
+) -> JoinHandle<()> {
+    if backend.works_on_calling_thread() {
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || runtime.block_on(run(backend, queue, publisher)))
+    } else {
+        tokio::spawn(run(backend, queue, publisher))
+    }
+}
+
 /// Runs until every sender of `queue` is gone.
-pub async fn run<B: Backend>(
-    backend: std::sync::Arc<B>,
+async fn run<B: Backend>(
+    backend: Arc<B>,
     mut queue: mpsc::Receiver<Queued>,
-    publisher: std::sync::Arc<Publisher<B>>,
+    publisher: Arc<Publisher<B>>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
