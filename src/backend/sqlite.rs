@@ -175,7 +175,9 @@ impl Backend for Sqlite {
 
     async fn read(&self) -> BackendResult<SqliteRead> {
         let conn = self.take_reader()?;
-        conn.execute_batch("BEGIN")?;
+        // Cached, as every read begins and ends this way: parsing BEGIN and
+        // ROLLBACK each time is a visible part of a single-key read.
+        conn.prepare_cached("BEGIN")?.execute([])?;
         Ok(SqliteRead {
             conn: Some(conn),
             pool: self.readers.clone(),
@@ -267,7 +269,10 @@ impl Drop for SqliteRead {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             // A connection whose rollback fails is not reused.
-            if conn.execute_batch("ROLLBACK").is_ok() {
+            let rollback = conn
+                .prepare_cached("ROLLBACK")
+                .and_then(|mut stmt| stmt.execute([]));
+            if rollback.is_ok() {
                 return_reader(&self.pool, conn);
             }
         }
@@ -299,6 +304,10 @@ const CURRENT_RANGE: &str = "SELECT key, value, create_revision, mod_revision, v
      FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key LIMIT ?3";
 const CURRENT_RANGE_FROM: &str = "SELECT key, value, create_revision, mod_revision, version, lease \
      FROM kv WHERE key >= ?1 ORDER BY key LIMIT ?3";
+// One key: an equality on the primary key lets SQLite stop after the row
+// instead of stepping on to the next key to find the end of the range.
+const CURRENT_GET: &str = "SELECT key, value, create_revision, mod_revision, version, lease \
+     FROM kv WHERE key = ?1";
 const CURRENT_COUNT: &str = "SELECT COUNT(*) FROM kv WHERE key >= ?1 AND key < ?2";
 const CURRENT_COUNT_FROM: &str = "SELECT COUNT(*) FROM kv WHERE key >= ?1";
 // A key's state at revision R is its log row with the largest (revision, sub)
@@ -336,20 +345,48 @@ fn kv_from_row(row: &Row<'_>) -> rusqlite::Result<KeyValue> {
 
 /// Runs one of the range or count statements. Parameters are, in order,
 /// start, end, then `extra`; each statement uses a prefix of that list.
+/// `capacity` is how many rows are expected at most, so that the result is
+/// allocated once (0 when unknown).
 fn query_keys<T>(
     conn: &Connection,
     sql: &str,
     range: &KeyRange,
     extra: &[&dyn ToSql],
+    capacity: usize,
     mut map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<Vec<T>> {
     let end: &[u8] = range.end.as_deref().unwrap_or_default();
-    let mut all: Vec<&dyn ToSql> = vec![&range.start, &end];
-    all.extend_from_slice(extra);
     let mut stmt = conn.prepare_cached(sql)?;
     let used = stmt.parameter_count();
-    let rows = stmt.query_map(&all[..used], |row| map(row))?;
-    rows.collect()
+    let all = [&range.start as &dyn ToSql, &end]
+        .into_iter()
+        .chain(extra.iter().copied());
+    for (index, value) in all.enumerate().take(used) {
+        stmt.raw_bind_parameter(index + 1, value)?;
+    }
+    let mut rows = stmt.raw_query();
+    let mut found = Vec::with_capacity(capacity);
+    while let Some(row) = rows.next()? {
+        found.push(map(row)?);
+    }
+    Ok(found)
+}
+
+/// True if `range` holds exactly one key: `[key, key + "\0")`.
+fn is_single_key(range: &KeyRange) -> bool {
+    range.end.as_deref().is_some_and(|end| {
+        end.len() == range.start.len() + 1 && end.starts_with(&range.start) && end.ends_with(&[0])
+    })
+}
+
+/// Rows of a range read to allocate for up front: its limit, or one for a
+/// single key, up to a bound.
+fn expected_rows(range: &KeyRange, limit: usize) -> usize {
+    const MOST: usize = 1024;
+    match limit {
+        0 if is_single_key(range) => 1,
+        limit => limit.min(MOST),
+    }
 }
 
 fn query_range(
@@ -358,16 +395,19 @@ fn query_range(
     at: ReadAt,
     limit: usize,
 ) -> rusqlite::Result<Vec<KeyValue>> {
+    let capacity = expected_rows(range, limit);
     // SQLite reads a negative LIMIT as no limit.
     let limit = if limit == 0 { -1 } else { limit as i64 };
     match at {
         ReadAt::Current => {
-            let sql = if range.end.is_some() {
+            let sql = if is_single_key(range) {
+                CURRENT_GET
+            } else if range.end.is_some() {
                 CURRENT_RANGE
             } else {
                 CURRENT_RANGE_FROM
             };
-            query_keys(conn, sql, range, &[&limit], kv_from_row)
+            query_keys(conn, sql, range, &[&limit], capacity, kv_from_row)
         }
         ReadAt::Revision(rev) => {
             let sql = if range.end.is_some() {
@@ -375,7 +415,7 @@ fn query_range(
             } else {
                 HISTORY_RANGE_FROM
             };
-            query_keys(conn, sql, range, &[&limit, &rev], kv_from_row)
+            query_keys(conn, sql, range, &[&limit, &rev], capacity, kv_from_row)
         }
     }
 }
@@ -388,7 +428,7 @@ fn query_count(conn: &Connection, range: &KeyRange, at: ReadAt) -> rusqlite::Res
             } else {
                 CURRENT_COUNT_FROM
             };
-            query_keys(conn, sql, range, &[], |r| r.get(0))?
+            query_keys(conn, sql, range, &[], 1, |r| r.get(0))?
         }
         ReadAt::Revision(rev) => {
             let sql = if range.end.is_some() {
@@ -396,7 +436,7 @@ fn query_count(conn: &Connection, range: &KeyRange, at: ReadAt) -> rusqlite::Res
             } else {
                 HISTORY_COUNT_FROM
             };
-            query_keys(conn, sql, range, &[&rev], |r| r.get(0))?
+            query_keys(conn, sql, range, &[&rev], 1, |r| r.get(0))?
         }
     };
     Ok(counts.first().copied().unwrap_or(0))

@@ -222,7 +222,7 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
 
     async fn range(&mut self, req: &RangeRequest) -> StoreResult<RangeResponse> {
         let current = self.revision();
-        range::range(self.txn, req, current, self.compact).await
+        range::range(self.txn, req, current, self.compact, None).await
     }
 
     async fn current(&mut self, key: &[u8]) -> StoreResult<Option<KeyValue>> {

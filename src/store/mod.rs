@@ -9,6 +9,7 @@
 pub mod alarm;
 mod apply;
 pub mod auto_compaction;
+mod count_cache;
 pub mod error;
 pub mod hash;
 mod history;
@@ -23,6 +24,7 @@ use tokio::task::JoinHandle;
 
 use self::alarm::{AlarmChange, Quota};
 pub use self::auto_compaction::AutoCompaction;
+use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::publisher::Publisher;
 use self::writer::{Queued, WriteRequest, WriteResponse};
@@ -69,6 +71,8 @@ pub struct Store<B: Backend> {
     publisher: Arc<Publisher<B>>,
     identity: Identity,
     quota: Quota,
+    /// Range counts of committed revisions, reused by later reads.
+    counts: CountCache,
     writer: JoinHandle<()>,
     /// Compactor, lease expirer, poller: stopped at shutdown.
     background: Vec<JoinHandle<()>>,
@@ -121,6 +125,7 @@ impl<B: Backend> Store<B> {
             publisher,
             identity,
             quota: Quota::new(options.quota_backend_bytes),
+            counts: CountCache::default(),
             writer,
             background,
         })
@@ -202,7 +207,14 @@ impl<B: Backend> Store<B> {
     pub async fn range(&self, req: &RangeRequest) -> StoreResult<RangeResponse> {
         let mut txn = self.backend.read().await?;
         let revs = txn.revisions().await?;
-        range::range(&mut txn, req, revs.current, revs.compact).await
+        range::range(
+            &mut txn,
+            req,
+            revs.current,
+            revs.compact,
+            Some(&self.counts),
+        )
+        .await
     }
 
     /// etcd Put.

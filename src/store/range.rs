@@ -4,6 +4,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::count_cache::CountCache;
 use super::error::{StoreError, StoreResult};
 use crate::backend::{KeyRange, ReadAt, ReadTxn};
 use crate::proto::etcdserverpb::range_request::{SortOrder, SortTarget};
@@ -39,11 +40,14 @@ pub fn check_revision(revision: i64, current: i64, compact: i64) -> StoreResult<
 }
 
 /// Evaluates `req` on `txn`, whose latest state is at revision `current`.
+/// `counts`, when given, keeps and reuses range counts: only for a `txn`
+/// whose revision `current` is committed (a read, not a write in progress).
 pub async fn range<T: ReadTxn>(
     txn: &mut T,
     req: &RangeRequest,
     current: i64,
     compact: i64,
+    counts: Option<&CountCache>,
 ) -> StoreResult<RangeResponse> {
     let revision = check_revision(req.revision, current, compact)?;
     let at = if revision == current {
@@ -66,10 +70,17 @@ pub async fn range<T: ReadTxn>(
         ReadAt::Revision(revision) => overlay(txn, &keys, revision, current).await?,
         ReadAt::Current => None,
     };
+    let counter = Counter {
+        keys: &keys,
+        revision,
+        at,
+        overlay: overlay.as_ref(),
+        cache: counts,
+    };
     if req.count_only {
         return Ok(RangeResponse {
             header,
-            count: count_at(txn, &keys, at, overlay.as_ref()).await?,
+            count: counter.count(txn).await?,
             ..Default::default()
         });
     }
@@ -93,7 +104,13 @@ pub async fn range<T: ReadTxn>(
     let count = if fetch_limit == 0 || kvs.len() < fetch_limit {
         kvs.len() as i64
     } else {
-        count_at(txn, &keys, at, overlay.as_ref()).await?
+        let count = counter.count(txn).await?;
+        // `kvs` are the range's first keys in key order (nothing sorted or
+        // filtered yet): the keys after the first `limit` of them are the
+        // next page's, and there are `count - limit` of them.
+        let last = &kvs[req.limit as usize - 1].key;
+        counter.remember_after(last, count - req.limit);
+        count
     };
 
     if has_filter {
@@ -217,6 +234,43 @@ async fn range_at<T: ReadTxn>(
     Ok(merged)
 }
 
+/// Counts the keys of one read's range, through the count cache if any.
+struct Counter<'a> {
+    keys: &'a KeyRange,
+    /// The revision read, `at` resolved: the cache's key.
+    revision: i64,
+    at: ReadAt,
+    overlay: Option<&'a Overlay>,
+    cache: Option<&'a CountCache>,
+}
+
+impl Counter<'_> {
+    /// Number of keys in the range at the revision read.
+    async fn count<T: ReadTxn>(&self, txn: &mut T) -> StoreResult<i64> {
+        if let Some(count) = self.cache.and_then(|c| c.get(self.keys, self.revision)) {
+            return Ok(count);
+        }
+        let count = count_at(txn, self.keys, self.at, self.overlay).await?;
+        if let Some(cache) = self.cache {
+            cache.insert(self.keys, self.revision, count);
+        }
+        Ok(count)
+    }
+
+    /// Notes that the range's keys after `last` number `count`.
+    fn remember_after(&self, last: &[u8], count: i64) {
+        let Some(cache) = self.cache else { return };
+        let mut start = Vec::with_capacity(last.len() + 1);
+        start.extend_from_slice(last);
+        start.push(0);
+        let rest = KeyRange {
+            start,
+            end: self.keys.end.clone(),
+        };
+        cache.insert(&rest, self.revision, count);
+    }
+}
+
 /// Number of keys in `keys` at `at`.
 async fn count_at<T: ReadTxn>(
     txn: &mut T,
@@ -252,3 +306,7 @@ fn sort(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
         _ => kvs.sort_by(compare),
     }
 }
+
+#[cfg(test)]
+#[path = "range_tests.rs"]
+mod tests;
