@@ -41,6 +41,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// True if process `pid` holds the socket listening on 127.0.0.1:`port`
+/// (read from /proc: the listening socket's inode among the process's fds).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return true; // no /proc: cannot tell, trust the probe
+    };
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[1] == local && f[3] == "0A") // 0A: LISTEN
+        .map(|f| format!("socket:[{}]", f[9]))
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|inode| target.as_os_str() == inode.as_str()))
+    })
+}
+
 /// True when running in CI, where missing reference binaries are an error.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -206,7 +229,11 @@ impl Proc {
                 .is_ok()
             {
                 match probe(&endpoint, tls).await {
-                    Ok(()) => return Ok(()),
+                    // Tests run in parallel: another test's server may have
+                    // taken the port first and answered, while ours is about
+                    // to exit with "address already in use".
+                    Ok(()) if listens_on(self.child.id(), port) => return Ok(()),
+                    Ok(()) => last_err = format!("port {port} is served by another process"),
                     Err(e) => last_err = e,
                 }
             }
