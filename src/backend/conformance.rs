@@ -343,29 +343,6 @@ pub async fn leases_attach_renew_and_revoke<B: Backend>(t: TestStore<B>) {
     ));
 }
 
-/// Conformance test `keep_alives_write_only_deadlines_that_move`: a
-/// keep-alive within 500 ms of the last stored renewal answers the full TTL
-/// without a write; a later one moves the stored deadline.
-pub async fn keep_alives_write_only_deadlines_that_move<B: Backend>(t: TestStore<B>) {
-    let id = t
-        .store
-        .lease_grant(LeaseGrantRequest { id: 0, ttl: 30 })
-        .await
-        .unwrap()
-        .id;
-    let stored = || async {
-        let mut read = t.store.backend().read().await.unwrap();
-        read.lease(id).await.unwrap().unwrap().expires_at
-    };
-    let granted = stored().await;
-    assert_eq!(t.store.lease_keep_alive(id).await.unwrap().ttl, 30);
-    assert_eq!(stored().await, granted, "a renewal right after the grant");
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    assert_eq!(t.store.lease_keep_alive(id).await.unwrap().ttl, 30);
-    let renewed = stored().await;
-    assert!(renewed >= granted + 600, "{renewed} vs {granted}");
-}
-
 /// Conformance test `expired_leases_delete_their_keys`.
 pub async fn expired_leases_delete_their_keys<B: Backend>(t: TestStore<B>) {
     let id = t
@@ -677,10 +654,6 @@ pub async fn snapshot_restores_into_sqlite_with_equal_hashes<B: Backend>(t: Test
 #[macro_export]
 macro_rules! conformance_suite {
     ($open:path) => {
-        #[tokio::test]
-        async fn keep_alives_write_only_deadlines_that_move() {
-            $crate::backend::conformance::keep_alives_write_only_deadlines_that_move($open().await).await
-        }
         #[tokio::test]
         async fn empty_store_is_at_revision_one_and_never_compacted() {
             $crate::backend::conformance::empty_store_is_at_revision_one_and_never_compacted($open().await).await

@@ -40,10 +40,6 @@ use crate::watch::hub::{RevisionEvents, WatchHub};
 /// Write requests waiting for the writer before senders wait too.
 const QUEUE_DEPTH: usize = 4096;
 
-/// Smallest move of a lease's stored deadline that a keep-alive writes, in
-/// milliseconds: etcd's own expiry runs on a 500 ms tick.
-const RENEWAL_STEP_MS: i64 = 500;
-
 /// The ids this store reports in every response header; chosen once, kept in
 /// the database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,31 +274,8 @@ impl<B: Backend> Store<B> {
         }
     }
 
-    /// One etcd LeaseKeepAlive request. A renewal that would move the
-    /// stored deadline by less than `RENEWAL_STEP_MS` is answered from the
-    /// stored lease without a write: clients that renew often (or in a
-    /// tight loop) then cost a read, not a commit and an fsync, and the
-    /// deadline is never more than that step short of etcd's.
+    /// One etcd LeaseKeepAlive request.
     pub async fn lease_keep_alive(&self, id: i64) -> StoreResult<LeaseKeepAliveResponse> {
-        let now = apply::now_ms();
-        let answer = |ttl| LeaseKeepAliveResponse {
-            header: None,
-            id,
-            ttl,
-        };
-        match self.backend.read().await?.lease(id).await? {
-            // Unknown or already expired: TTL 0, as the writer would answer.
-            None => return Ok(answer(0)),
-            Some(lease) if lease.expires_at <= now => return Ok(answer(0)),
-            Some(lease)
-                if lease.expires_at
-                    >= now.saturating_add(lease.ttl.saturating_mul(1000)) - RENEWAL_STEP_MS =>
-            {
-                crate::metrics::metrics().leases_renewed.inc();
-                return Ok(answer(lease.ttl));
-            }
-            Some(_) => {}
-        }
         match self.write(WriteRequest::LeaseKeepAlive(id)).await? {
             WriteResponse::LeaseKeepAlive(resp) => Ok(resp),
             _ => unreachable!("writer answers a LeaseKeepAlive with a LeaseKeepAlive"),
