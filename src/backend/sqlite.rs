@@ -155,10 +155,6 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
     // a crash of the process; group commit makes that one fsync per batch.
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
-    // Reads map the file instead of copying pages through read(): a reader's
-    // page cache starts empty after every commit by another connection, so
-    // without the map a write-heavy store re-reads each page it touches.
-    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
     conn.set_prepared_statement_cache_capacity(64);
     // Plan once per statement: otherwise SQLite re-prepares a cached statement
     // whenever a bound LIMIT changes, which is nearly every Range.
@@ -239,12 +235,6 @@ impl Backend for Sqlite {
         Ok(())
     }
 }
-
-/// Bytes of the database file each connection maps into memory (SQLite's
-/// compile-time maximum is just under 2 GiB; the rest is read as usual). It
-/// is address space, not memory: only the pages read are resident, shared
-/// with the OS page cache.
-const MMAP_BYTES: i64 = 1 << 31;
 
 /// Page cache of a bulk load, in KiB (a negative `cache_size` is KiB).
 const BULK_LOAD_CACHE_KIB: i64 = -65536;
