@@ -59,8 +59,11 @@ fn listens_on(pid: u32, port: u16) -> bool {
         return false;
     };
     fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .is_ok_and(|target| inodes.iter().any(|inode| target.as_os_str() == inode.as_str()))
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            inodes
+                .iter()
+                .any(|inode| target.as_os_str() == inode.as_str())
+        })
     })
 }
 
