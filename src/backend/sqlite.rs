@@ -187,6 +187,7 @@ impl Backend for Sqlite {
             conn,
             checkpointer: self.checkpointer.clone(),
             meta: None,
+            read_current: 0,
             last_appended: 0,
             committed: false,
         })
@@ -275,6 +276,8 @@ pub struct SqliteWrite {
     checkpointer: Arc<Checkpointer>,
     /// The `meta` row as this transaction read it (see `query_revisions`).
     meta: Option<Revisions>,
+    /// The current revision as this transaction read it.
+    read_current: i64,
     /// The revision of the last log row appended in this transaction.
     last_appended: i64,
     committed: bool,
@@ -548,7 +551,7 @@ macro_rules! impl_read_txn {
                     let $conn = &*self;
                     query_revisions($get)?
                 };
-                self.note_meta(meta);
+                self.note_meta(meta, revisions.current);
                 Ok(revisions)
             }
 
@@ -623,22 +626,24 @@ macro_rules! impl_read_txn {
 }
 
 impl SqliteRead {
-    fn note_meta(&mut self, _meta: Revisions) {}
+    fn note_meta(&mut self, _meta: Revisions, _current: i64) {}
 }
 
 impl SqliteWrite {
-    fn note_meta(&mut self, meta: Revisions) {
+    fn note_meta(&mut self, meta: Revisions, current: i64) {
         self.meta = Some(meta);
+        self.read_current = current;
     }
 
     /// True if the log alone tells the store's counters after `revisions`:
     /// the compaction counters are as `meta` has them and the current
-    /// revision is the last one logged (or unchanged).
+    /// revision is the last one logged (or unchanged since it was read).
     fn meta_still_holds(&self, revisions: &Revisions) -> bool {
         self.meta.is_some_and(|meta| {
             meta.compact == revisions.compact
                 && meta.compacted_through == revisions.compacted_through
-                && (revisions.current == self.last_appended || revisions.current == meta.current)
+                && (revisions.current == self.last_appended
+                    || revisions.current == self.read_current)
         })
     }
 }
@@ -700,7 +705,7 @@ impl WriteTxn for SqliteWrite {
                 revisions.compact,
                 revisions.compacted_through
             ])?;
-        self.meta = Some(revisions);
+        self.note_meta(revisions, revisions.current);
         Ok(())
     }
 
