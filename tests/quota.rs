@@ -33,8 +33,32 @@ const BIG: usize = 4000;
 /// Keys the filling writes cycle through, so the store's live data stays small and
 /// the growth is history, as in a real overfull etcd.
 const KEYS: usize = 20;
-/// Writes after which a store that has not refused is a failure.
-const MAX_FILL: usize = 5000;
+/// Time after which a store that still accepts the filling writes is a failure.
+/// MariaDB reports table sizes from InnoDB's statistics, which it recalculates at
+/// most every 10 s, so a fill there takes that long whatever its rate.
+const FILL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Puts `value(i)` to the `KEYS` keys in turn until the server refuses a put:
+/// returns that error, or `None` if it still accepted them at `FILL_DEADLINE`.
+async fn fill_until_refused(
+    kv: &mut KvClient<Channel>,
+    value: impl Fn(usize) -> Vec<u8>,
+) -> Option<tonic::Status> {
+    let deadline = std::time::Instant::now() + FILL_DEADLINE;
+    let mut i = 0;
+    while std::time::Instant::now() < deadline {
+        let put = PutRequest {
+            key: format!("big/{:02}", i % KEYS).into(),
+            value: value(i),
+            ..Default::default()
+        };
+        if let Err(status) = kv.put(put).await {
+            return Some(status);
+        }
+        i += 1;
+    }
+    None
+}
 
 /// `BIG` bytes that do not compress (PostgreSQL compresses large values, and a
 /// compressible value would take many more writes to fill the quota), different for
@@ -195,24 +219,12 @@ async fn compact_now(s: &mut Side, step: &str) {
 
 /// Puts big values over `KEYS` keys until the server refuses one; records the refusal.
 async fn fill(s: &mut Side, step: &str) {
-    let value = "x".repeat(BIG);
-    for i in 0..MAX_FILL {
-        let result =
-            s.kv.put(PutRequest {
-                key: format!("big/{:02}", i % KEYS).into(),
-                value: value.clone().into(),
-                ..Default::default()
-            })
-            .await;
-        if let Err(status) = result {
-            s.note(
-                step,
-                format!("ERR {:?}: {}", status.code(), status.message()),
-            );
-            return;
-        }
-    }
-    s.note(step, format!("still accepted after {MAX_FILL} writes"));
+    let refusal = fill_until_refused(&mut s.kv, |_| "x".repeat(BIG).into_bytes()).await;
+    let note = match refusal {
+        Some(status) => format!("ERR {:?}: {}", status.code(), status.message()),
+        None => format!("still accepted after {FILL_DEADLINE:?}"),
+    };
+    s.note(step, note);
 }
 
 /// Runs etcdctl 3.5 and records its output with member ids masked.
@@ -501,26 +513,14 @@ async fn alarms_are_shared_by_instances_of_one_database() {
 }
 
 /// etcd's way out of NOSPACE: delete, compact, defragment, disarm; then writes work.
-/// Skipped while Defragment is Unimplemented.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defragment_and_disarm_reenable_writes() {
     let server = Cetera::start_with(&["--quota-backend-bytes", QUOTA]).await;
     let channel = common::channel(&server.endpoint()).await;
     let mut kv = KvClient::new(channel.clone());
     let mut maintenance = MaintenanceClient::new(channel);
-    let mut refused = false;
-    for i in 0..MAX_FILL {
-        let put = PutRequest {
-            key: format!("big/{:02}", i % KEYS).into(),
-            value: noise(i),
-            ..Default::default()
-        };
-        if kv.put(put).await.is_err() {
-            refused = true;
-            break;
-        }
-    }
-    assert!(refused, "the store never filled");
+    let refused = fill_until_refused(&mut kv, noise).await;
+    assert!(refused.is_some(), "the store never filled");
     let deleted = kv
         .delete_range(DeleteRangeRequest {
             key: b"big/".to_vec(),
