@@ -18,8 +18,8 @@ use rusqlite::Connection;
 /// eight times SQLite's default. A checkpoint copies the newest version of
 /// each page once, however often it changed, and puts to random keys keep
 /// changing the same few thousand pages: a longer WAL means fewer copies of
-/// each (less CPU, fewer bytes written) for a WAL file that stays at most
-/// this long (readers find pages in it through a hash index).
+/// each (less CPU, fewer bytes written) for a WAL file of about this size
+/// (readers find pages in it through a hash index).
 pub const CHECKPOINT_PAGES: i32 = 8192;
 
 thread_local! {
