@@ -13,13 +13,13 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use super::{Check, Migrated, progress_bar};
-use crate::backend::{Backend, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn};
+use super::{Imported, Migrated, progress_bar};
+use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::kv_client::KvClient;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
 use crate::proto::etcdserverpb::{LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest};
 use crate::snapshot::empty_target;
-use crate::store::hash::{LiveKeysHasher, hash_kv};
+use crate::store::hash::LiveKeysHasher;
 
 /// Keys per Range request.
 const PAGE: i64 = 1000;
@@ -201,33 +201,14 @@ pub async fn import<T: Backend>(
         bar.finish_and_clear();
     }
 
-    let mut check = target.read().await?;
-    let everything = KeyRange {
-        start: Vec::new(),
-        end: None,
-    };
-    let checks = vec![
-        Check {
-            what: "revision".into(),
-            source: pinned.to_string(),
-            target: check.revisions().await?.current.to_string(),
+    super::verify_import(
+        target,
+        Imported {
+            revisions,
+            hash: hasher.finish(),
+            keys: copied as usize,
+            leases,
         },
-        Check {
-            what: format!("HashKV at revision {pinned}"),
-            source: format!("{:#010x}", hasher.finish()),
-            target: format!("{:#010x}", hash_kv(&mut check, 0).await?.hash),
-        },
-        Check {
-            what: format!("keys at revision {pinned}"),
-            source: copied.to_string(),
-            target: check.count(&everything, ReadAt::Current).await?.to_string(),
-        },
-        Check {
-            what: "leases".into(),
-            source: leases.to_string(),
-            target: check.leases().await?.len().to_string(),
-        },
-    ];
-    super::all_equal(&checks)?;
-    Ok(Migrated { revisions, checks })
+    )
+    .await
 }

@@ -22,11 +22,11 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 
 use super::bbolt::Db;
-use super::{Check, Migrated};
-use crate::backend::{Backend, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn};
+use super::{Imported, Migrated};
+use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::mvccpb::KeyValue;
 use crate::snapshot::empty_target;
-use crate::store::hash::{LiveKeysHasher, hash_kv};
+use crate::store::hash::LiveKeysHasher;
 
 /// The scheme of `--from` naming an etcd snapshot file.
 pub const SCHEME: &str = "etcd-snapshot://";
@@ -251,41 +251,16 @@ pub async fn import<T: Backend>(
     writer.commit().await?;
 
     let (hash, keys) = expected_hash(&contents);
-    let mut check = target.read().await?;
-    let target_revisions = check.revisions().await?;
-    let everything = KeyRange {
-        start: Vec::new(),
-        end: None,
-    };
-    let checks = vec![
-        Check {
-            what: "revision".into(),
-            source: revisions.current.to_string(),
-            target: target_revisions.current.to_string(),
+    super::verify_import(
+        target,
+        Imported {
+            revisions,
+            hash,
+            keys,
+            leases: contents.leases.len(),
         },
-        Check {
-            what: "compact revision".into(),
-            source: revisions.compact.to_string(),
-            target: target_revisions.compact.to_string(),
-        },
-        Check {
-            what: format!("HashKV at revision {}", revisions.current),
-            source: format!("{hash:#010x}"),
-            target: format!("{:#010x}", hash_kv(&mut check, 0).await?.hash),
-        },
-        Check {
-            what: format!("keys at revision {}", revisions.current),
-            source: keys.to_string(),
-            target: check.count(&everything, ReadAt::Current).await?.to_string(),
-        },
-        Check {
-            what: "leases".into(),
-            source: contents.leases.len().to_string(),
-            target: check.leases().await?.len().to_string(),
-        },
-    ];
-    super::all_equal(&checks)?;
-    Ok(Migrated { revisions, checks })
+    )
+    .await
 }
 
 #[cfg(test)]
