@@ -27,7 +27,7 @@ use cetera::proto::etcdserverpb::{
 };
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
-use common::migration::{all_keys, leases, migrate, text};
+use common::migration::{all_keys, leases, migrate, put_in_txns, text};
 use common::{Cetera, Etcd, channel, etcdctl_35, in_ci, run_etcdctl};
 
 fn assert_success(output: &Output, what: &str) {
@@ -527,23 +527,7 @@ async fn imports_a_live_etcd_at_one_revision() {
     ctl(&["compaction", &compact_at.to_string()]);
     // ...and, to need several pages, 2500 keys three transactions at a time.
     let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
-    for batch in 0..25 {
-        let success = (0..100)
-            .map(|i| RequestOp {
-                request: Some(Request::RequestPut(put(
-                    &format!("/bulk/{:05}", batch * 100 + i),
-                    "b",
-                    0,
-                ))),
-            })
-            .collect();
-        let txn = TxnRequest {
-            compare: vec![],
-            success,
-            failure: vec![],
-        };
-        kv.txn(txn).await.unwrap();
-    }
+    put_in_txns(&mut kv, 2500, |n| (format!("/bulk/{n:05}"), "b".into())).await;
     ctl(&["put", "/app/0", "three"]);
     let (pinned, want_keys) = all_keys(&etcd.endpoint(), 0).await.unwrap();
     let want_leases = leases(&etcd.endpoint()).await;

@@ -9,10 +9,8 @@
 mod common;
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
-use cetera::proto::etcdserverpb::request_op::Request;
-use cetera::proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest};
 use common::datastore::FreshDatabase;
-use common::migration::{all_keys, leases, migrate, text};
+use common::migration::{all_keys, leases, migrate, put_in_txns, text};
 use common::{Cetera, Etcd, channel, etcdctl_35, run_etcdctl};
 
 /// The revision in etcdctl's `-w json` output.
@@ -59,23 +57,13 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     ctl(&["put", "/app/0", "again"]);
     ctl(&["del", "/app/1"]);
     let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
-    for batch in 0..6 {
-        let success = (0..100)
-            .map(|i| RequestOp {
-                request: Some(Request::RequestPut(PutRequest {
-                    key: format!("/bulk/{:05}", batch * 100 + i).into(),
-                    value: format!("value {batch} {i}").into(),
-                    ..Default::default()
-                })),
-            })
-            .collect();
-        let txn = TxnRequest {
-            compare: vec![],
-            success,
-            failure: vec![],
-        };
-        kv.txn(txn).await.unwrap();
-    }
+    put_in_txns(&mut kv, 600, |n| {
+        (
+            format!("/bulk/{n:05}"),
+            format!("value {} {}", n / 100, n % 100),
+        )
+    })
+    .await;
     ctl(&["put", "/big", &"z".repeat(20_000)]);
     ctl(&["del", "/bulk/00042"]);
     ctl(&["put", "/app/2", "last"]);

@@ -12,12 +12,11 @@ use std::time::Duration;
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
-use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
-    DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+    DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest,
 };
 use common::certs::Ca;
-use common::migration::{leases, migrate, text};
+use common::migration::{leases, migrate, put_in_txns, text};
 use common::{Cetera, ClientTls, Etcd, channel};
 use rcgen::ExtendedKeyUsagePurpose;
 
@@ -57,23 +56,10 @@ async fn write_source(endpoint: &str) {
             .await
             .unwrap();
     }
-    for batch in 0..3 {
-        let success = (0..100)
-            .map(|i| RequestOp {
-                request: Some(Request::RequestPut(put(
-                    format!("/data/{:04}", batch * 100 + i).as_bytes(),
-                    format!("v{i}").as_bytes(),
-                    0,
-                ))),
-            })
-            .collect();
-        let txn = TxnRequest {
-            compare: vec![],
-            success,
-            failure: vec![],
-        };
-        kv.txn(txn).await.unwrap();
-    }
+    put_in_txns(&mut kv, 300, |n| {
+        (format!("/data/{n:04}"), format!("v{}", n % 100))
+    })
+    .await;
     for j in 0..40 {
         let lease = [0, 0x7001, 0x7002][j % 3];
         kv.put(put(format!("/data/{j:04}").as_bytes(), b"rewritten", lease))

@@ -1,15 +1,48 @@
-//! Helpers of the `cetera migrate` tests: run the command, and read a whole
-//! store back (every key at a revision, every lease with its keys) to compare
-//! the two sides of a migration.
+//! Helpers of the `cetera migrate` tests: fill a source quickly, run the
+//! command, and read a whole store back (every key at a revision, every lease
+//! with its keys) to compare the two sides of a migration.
 
 use std::process::{Command, Output};
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
-use cetera::proto::etcdserverpb::{LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest};
+use cetera::proto::etcdserverpb::request_op::Request;
+use cetera::proto::etcdserverpb::{
+    LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+};
 use cetera::proto::mvccpb::KeyValue;
+use tonic::transport::Channel;
 
 use super::channel;
+
+/// Puts `count` keys in transactions of 100 puts each (one revision per
+/// transaction); `key_value(n)` gives the `n`th key and value.
+pub async fn put_in_txns(
+    kv: &mut KvClient<Channel>,
+    count: usize,
+    key_value: impl Fn(usize) -> (String, String),
+) {
+    for first in (0..count).step_by(100) {
+        let success = (first..count.min(first + 100))
+            .map(|n| {
+                let (key, value) = key_value(n);
+                RequestOp {
+                    request: Some(Request::RequestPut(PutRequest {
+                        key: key.into(),
+                        value: value.into(),
+                        ..Default::default()
+                    })),
+                }
+            })
+            .collect();
+        let txn = TxnRequest {
+            compare: vec![],
+            success,
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+    }
+}
 
 /// Runs `cetera migrate --from FROM --to TO [extra]`.
 pub fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
