@@ -1,4 +1,5 @@
-//! Compiles etcd's v3 protocol definitions in `proto/` into Rust (messages via
+//! Compiles etcd's v3 protocol definitions (and cetera's peer service) in
+//! `proto/` into Rust (messages via
 //! prost, services via tonic). Uses the pure-Rust `protox` compiler, so no
 //! system `protoc` is needed.
 
@@ -8,6 +9,7 @@ const PROTOS: &[&str] = &[
     "etcdserverpb/rpc.proto",
     "v3lockpb/v3lock.proto",
     "v3electionpb/v3election.proto",
+    "ceterapb/peer.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

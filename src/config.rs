@@ -148,6 +148,31 @@ pub struct Config {
     #[arg(long, env = "CETERA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
 
+    /// Found a replicated cluster with this member (k3s's name). A
+    /// single-node SQLite datastore becomes the cluster's first member and
+    /// keeps every key and revision. Given again on every restart.
+    #[arg(long, env = "CETERA_CLUSTER_INIT", conflicts_with = "join")]
+    pub cluster_init: bool,
+    /// Join the replicated cluster whose member serves peers at this URL
+    /// (e.g. http://10.0.0.1:2380); needs --token. Given again on every restart.
+    #[arg(long, env = "CETERA_JOIN")]
+    pub join: Option<String>,
+    /// The cluster token every member presents to the others. With
+    /// --cluster-init and no token, one is made up and written beside the
+    /// datastore (PATH.token).
+    #[arg(long, env = "CETERA_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Address the peer service (Raft traffic between members) listens on.
+    #[arg(
+        long,
+        env = "CETERA_PEER_LISTEN_ADDRESS",
+        default_value = "127.0.0.1:2380"
+    )]
+    pub peer_listen_address: SocketAddr,
+    /// Peer URL the other members reach this one at. Default: http:// and
+    /// --peer-listen-address.
+    #[arg(long, env = "CETERA_ADVERTISE_PEER_URL")]
+    pub advertise_peer_url: Option<String>,
     /// A one-off command instead of serving. The datastore flags
     /// (--endpoint and the TLS files) apply to it too.
     #[command(subcommand)]
@@ -344,6 +369,23 @@ impl Config {
             "http"
         };
         vec![format!("{scheme}://{addr}")]
+    }
+
+    /// The peer URL other members reach this one at.
+    pub fn peer_url(&self) -> String {
+        if let Some(url) = &self.advertise_peer_url {
+            return url.clone();
+        }
+        let mut addr = self.peer_listen_address;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("http://{addr}")
+    }
+
+    /// Whether this server is a member of a replicated cluster.
+    pub fn replicated(&self) -> bool {
+        self.cluster_init || self.join.is_some()
     }
 }
 

@@ -11,6 +11,7 @@ pub mod config;
 pub mod metrics;
 pub mod migrate;
 pub mod proto;
+pub mod raft;
 pub mod server;
 pub mod snapshot;
 pub mod store;

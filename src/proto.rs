@@ -31,3 +31,9 @@ pub mod v3lockpb {
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
 }
+
+/// cetera's peer service between the members of a replicated cluster.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod ceterapb {
+    tonic::include_proto!("ceterapb");
+}

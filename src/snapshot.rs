@@ -50,7 +50,7 @@ pub(crate) async fn copy<R: ReadTxn, W: WriteTxn>(
     source: &mut R,
     target: &mut W,
     purpose: Purpose,
-    progress: &mut dyn FnMut(i64),
+    progress: &mut (dyn FnMut(i64) + Send),
 ) -> anyhow::Result<Revisions> {
     let mut revisions = source.revisions().await?;
     // Without history, a log row is copied only if it is its key's live row.
@@ -108,6 +108,12 @@ pub(crate) async fn copy<R: ReadTxn, W: WriteTxn>(
                 target.set_setting(name, value).await?;
             }
         }
+    }
+    if purpose == Purpose::Snapshot
+        && let Some(mark) = source.replication_mark().await?
+    {
+        // A cluster member's snapshot says which log entry it is at.
+        target.set_replication_mark(&mark).await?;
     }
     target.set_revisions(revisions).await?;
     Ok(revisions)

@@ -63,17 +63,30 @@ impl Cluster for ClusterService {
         &self,
         _: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
-        let member = Member {
-            id: self.info.identity.member_id,
-            name: self.info.name.clone(),
-            peer_ur_ls: Vec::new(),
-            client_ur_ls: self.info.client_urls.clone(),
-            is_learner: false,
+        let members = match &self.info.cluster {
+            None => vec![Member {
+                id: self.info.identity.member_id,
+                name: self.info.name.clone(),
+                peer_ur_ls: Vec::new(),
+                client_ur_ls: self.info.client_urls.clone(),
+                is_learner: false,
+            }],
+            Some(cluster) => cluster
+                .members()
+                .into_iter()
+                .map(|m| Member {
+                    id: m.id,
+                    name: m.member.name,
+                    peer_ur_ls: vec![m.member.peer_url],
+                    client_ur_ls: m.member.client_urls,
+                    is_learner: m.is_learner,
+                })
+                .collect(),
         };
         Ok(Response::new(MemberListResponse {
             // etcd's cluster service fills only the ids and the term, no revision.
             header: self.info.header(0),
-            members: vec![member],
+            members,
         }))
     }
 

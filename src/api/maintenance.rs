@@ -149,18 +149,40 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
                 )
             })
             .collect();
+        // A single node has no raft log; the revision counts its commits.
+        let (leader, raft_index, raft_term, raft_applied_index, is_learner) =
+            match &self.info.cluster {
+                None => (
+                    self.info.identity.member_id,
+                    revision as u64,
+                    RAFT_TERM,
+                    revision as u64,
+                    false,
+                ),
+                Some(cluster) => {
+                    let status = cluster.status();
+                    let me = self.info.identity.member_id;
+                    let is_learner = cluster.members().iter().any(|m| m.id == me && m.is_learner);
+                    (
+                        status.leader.unwrap_or(0),
+                        status.last_log_index,
+                        status.term,
+                        status.applied_index,
+                        is_learner,
+                    )
+                }
+            };
         Ok(Response::new(StatusResponse {
             header: self.info.header(revision),
             version: self.info.version.clone(),
             db_size: size.total,
-            leader: self.info.identity.member_id,
-            // There is no raft log on a single node; the revision counts commits.
-            raft_index: revision as u64,
-            raft_term: RAFT_TERM,
-            raft_applied_index: revision as u64,
+            leader,
+            raft_index,
+            raft_term,
+            raft_applied_index,
             errors,
             db_size_in_use: size.in_use,
-            is_learner: false,
+            is_learner,
         }))
     }
 

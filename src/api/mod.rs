@@ -40,6 +40,8 @@ pub struct ServerInfo {
     pub client_urls: Vec<String>,
     /// Users, roles, tokens and the permission checks.
     pub auth: Arc<crate::auth::Auth>,
+    /// The replicated cluster this server is a member of, if any.
+    pub cluster: Option<Arc<crate::raft::Cluster>>,
 }
 
 impl ServerInfo {
@@ -49,10 +51,17 @@ impl ServerInfo {
         let header = header.get_or_insert_with(Default::default);
         header.cluster_id = self.identity.cluster_id;
         header.member_id = self.identity.member_id;
-        header.raft_term = RAFT_TERM;
+        header.raft_term = self.raft_term();
         if header.revision == 0 {
             header.revision = current_revision;
         }
+    }
+
+    /// The Raft term: the cluster's, or a single node's constant one.
+    pub fn raft_term(&self) -> u64 {
+        self.cluster
+            .as_ref()
+            .map_or(RAFT_TERM, |cluster| cluster.status().term)
     }
 
     /// A complete header at `revision`.
@@ -138,6 +147,8 @@ impl From<StoreError> for Status {
                 format!("cetera: unknown alarm type {alarm}"),
             ),
             StoreError::Stopped => Status::new(Code::Unavailable, "etcdserver: server stopped"),
+            StoreError::NoLeader => Status::new(Code::Unavailable, "etcdserver: no leader"),
+            StoreError::Timeout => Status::new(Code::Unavailable, "etcdserver: request timed out"),
             StoreError::Backend(error) => {
                 tracing::error!("database error: {error:#}");
                 Status::new(Code::Unknown, format!("cetera: database error: {error:#}"))

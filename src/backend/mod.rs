@@ -191,6 +191,12 @@ pub trait ReadTxn: Send {
         &mut self,
         kind: AuthKind,
     ) -> impl Future<Output = BackendResult<Vec<(Vec<u8>, Vec<u8>)>>> + Send;
+
+    /// The replicated-log position this store was last brought to (see
+    /// `crate::raft`), if it ever was. Only SQLite serves replicated mode.
+    fn replication_mark(&mut self) -> impl Future<Output = BackendResult<Option<Vec<u8>>>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// A write transaction: nothing is visible to readers until `commit`.
@@ -250,6 +256,15 @@ pub trait WriteTxn: ReadTxn {
         kind: AuthKind,
         name: &[u8],
     ) -> impl Future<Output = BackendResult<()>> + Send;
+
+    /// Stores the replicated-log position the changes of this transaction
+    /// bring the store to.
+    fn set_replication_mark(
+        &mut self,
+        _mark: &[u8],
+    ) -> impl Future<Output = BackendResult<()>> + Send {
+        async { anyhow::bail!("replicated mode keeps its data in SQLite only") }
+    }
 
     /// Makes every change durable and visible.
     fn commit(self) -> impl Future<Output = BackendResult<()>> + Send;

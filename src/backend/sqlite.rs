@@ -621,6 +621,14 @@ macro_rules! impl_read_txn {
                 let $conn = self;
                 Ok(query_auth_records($get, kind)?)
             }
+
+            async fn replication_mark(&mut self) -> BackendResult<Option<Vec<u8>>> {
+                let $conn = self;
+                Ok($get
+                    .prepare_cached("SELECT mark FROM replication WHERE id = 1")?
+                    .query_row([], |r| r.get(0))
+                    .optional()?)
+            }
         }
     };
 }
@@ -764,7 +772,7 @@ impl WriteTxn for SqliteWrite {
 
     async fn clear(&mut self) -> BackendResult<()> {
         self.conn.execute_batch(
-            "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth;",
+            "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth; DELETE FROM replication;",
         )?;
         self.meta = None;
         self.last_appended = 0;
@@ -780,6 +788,13 @@ impl WriteTxn for SqliteWrite {
         self.conn
             .prepare_cached("INSERT OR REPLACE INTO auth (kind, name, record) VALUES (?1, ?2, ?3)")?
             .execute(params![kind.as_str(), name, record])?;
+        Ok(())
+    }
+
+    async fn set_replication_mark(&mut self, mark: &[u8]) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO replication (id, mark) VALUES (1, ?1)")?
+            .execute([mark])?;
         Ok(())
     }
 

@@ -34,7 +34,8 @@ use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::proto::v3electionpb::election_server::ElectionServer;
 use crate::proto::v3lockpb::lock_server::LockServer;
-use crate::store::{Store, StoreOptions};
+use crate::raft::{Cluster, ClusterOptions, JoinMode, Member};
+use crate::store::{Identity, Store, StoreOptions};
 use crate::watch::session::SessionOptions;
 
 /// Accepted client connections, ready for the HTTP/2 server.
@@ -89,6 +90,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
     // Refuse a bad retention before connecting to the database.
     config.auto_compaction()?;
     let datastore = Datastore::parse(&config.endpoint)?;
+    if config.replicated() && !matches!(datastore, Datastore::Sqlite(_)) {
+        anyhow::bail!(
+            "a replicated cluster keeps its data in SQLite: --endpoint must name an SQLite file"
+        );
+    }
     let tls = tls::server_config(&config)?;
     // Up before the datastore, so that /healthz answers and /readyz says
     // "not ready" while the database is still being reached.
@@ -117,6 +123,38 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
     }
 }
 
+/// The replicated-mode settings, when --cluster-init or --join is given.
+fn cluster_options(config: &Config) -> anyhow::Result<Option<ClusterOptions>> {
+    if !config.replicated() {
+        return Ok(None);
+    }
+    let Datastore::Sqlite(path) = Datastore::parse(&config.endpoint)? else {
+        unreachable!("run checked that a cluster member is on SQLite");
+    };
+    let beside = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        std::path::PathBuf::from(name)
+    };
+    let mode = match &config.join {
+        Some(url) => JoinMode::Join { url: url.clone() },
+        None => JoinMode::Init,
+    };
+    Ok(Some(ClusterOptions {
+        mode,
+        token: config.token.clone(),
+        peer_listen_address: config.peer_listen_address,
+        member: Member {
+            name: config.name.clone(),
+            peer_url: config.peer_url(),
+            client_urls: config.client_urls(),
+        },
+        log_path: beside(".raft-log"),
+        token_path: beside(".token"),
+        scratch: beside(".snapshots"),
+    }))
+}
+
 /// What `run` prepares before the datastore is open: client TLS, and the
 /// metrics server's readiness, which learns of the store once it is open.
 struct Serving {
@@ -135,6 +173,16 @@ async fn serve<B: Backend>(
         auto_compaction: config.auto_compaction()?,
     };
     let store = Arc::new(Store::open_with(backend, options).await?);
+    let cluster = match cluster_options(&config)? {
+        Some(options) => Some(Cluster::start(options, store.clone()).await?),
+        None => None,
+    };
+    let identity = Identity {
+        cluster_id: cluster
+            .as_ref()
+            .map_or(store.identity().cluster_id, |c| c.cluster_id()),
+        member_id: store.identity().member_id,
+    };
     if let Some(readiness) = &serving.readiness {
         readiness.store_opened(store.clone());
     }
@@ -150,13 +198,14 @@ async fn serve<B: Backend>(
     );
     let auth_follower = Auth::follow(&auth, store.shared_database());
     let info = Arc::new(ServerInfo {
-        identity: store.identity(),
+        identity,
         max_request_bytes: config.max_request_bytes,
         max_txn_ops: config.max_txn_ops,
         version: config.emulated_etcd_version.clone(),
         name: config.name.clone(),
         client_urls: config.client_urls(),
         auth,
+        cluster: cluster.clone(),
     });
     let max_message = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
     // Streams never end by themselves: shutdown ends them so that the
@@ -248,6 +297,10 @@ async fn serve<B: Backend>(
     }
 
     auth_follower.abort();
+    drop(info);
+    if let Some(cluster) = cluster {
+        cluster.shutdown().await;
+    }
     tracing::info!("stopped serving; finishing queued writes");
     match Arc::try_unwrap(store) {
         Ok(store) => store.shutdown().await,

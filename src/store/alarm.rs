@@ -124,7 +124,10 @@ impl Quota {
 pub fn may_be_refused(request: &WriteRequest) -> bool {
     !matches!(
         request,
-        WriteRequest::LeaseKeepAlive(_) | WriteRequest::CompactStep | WriteRequest::Alarm { .. }
+        WriteRequest::LeaseKeepAlive(_)
+            | WriteRequest::CompactStep
+            | WriteRequest::Alarm { .. }
+            | WriteRequest::Nothing
     )
 }
 

@@ -44,17 +44,21 @@ pub struct Applier<'a, T> {
     txn: &'a mut T,
     begin: i64,
     compact: i64,
+    /// The request's time (Unix milliseconds), for lease deadlines: taken
+    /// when it was queued, so that replicas applying it later agree.
+    now_ms: i64,
     /// The events of this request, in the order they happened.
     pub events: Vec<Event>,
 }
 
 impl<'a, T: WriteTxn> Applier<'a, T> {
-    /// An applier for a request that follows revision `begin`.
-    pub fn new(txn: &'a mut T, begin: i64, compact: i64) -> Self {
+    /// An applier for a request made at `now_ms` that follows revision `begin`.
+    pub fn new(txn: &'a mut T, begin: i64, compact: i64, now_ms: i64) -> Self {
         Applier {
             txn,
             begin,
             compact,
+            now_ms,
             events: Vec::new(),
         }
     }

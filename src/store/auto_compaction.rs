@@ -13,12 +13,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::error::StoreError;
-use super::writer::{Queued, WriteRequest};
-use super::{COMPACTION_LOCK, holds, write_through};
+use super::writer::WriteRequest;
+use super::{COMPACTION_LOCK, Writes, holds};
 use crate::backend::{Backend, Revisions};
 
 /// How revisions are kept.
@@ -117,18 +117,18 @@ fn parse_go_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Runs the compactor for `mode` until the store stops.
-pub async fn run<B: Backend>(
+pub(crate) async fn run<B: Backend>(
     mode: AutoCompaction,
     backend: Arc<B>,
-    queue: mpsc::WeakSender<Queued>,
+    writes: Writes,
     revisions: watch::Receiver<Revisions>,
 ) {
     match mode {
-        AutoCompaction::Periodic(period) => periodic(period, backend, queue, revisions).await,
+        AutoCompaction::Periodic(period) => periodic(period, backend, writes, revisions).await,
         AutoCompaction::Revision {
             retention,
             interval,
-        } => by_revision(retention, interval, backend, queue, revisions).await,
+        } => by_revision(retention, interval, backend, writes, revisions).await,
     }
 }
 
@@ -142,19 +142,13 @@ enum Outcome {
     Stopped,
 }
 
-/// Moves the compact revision to `revision` if this instance holds the compaction lock.
-async fn compact<B: Backend>(
-    backend: &B,
-    queue: &mpsc::WeakSender<Queued>,
-    revision: i64,
-) -> Outcome {
-    if !holds(backend, COMPACTION_LOCK).await {
+/// Moves the compact revision to `revision` if this instance decides the
+/// cluster's compactions and holds the compaction lock.
+async fn compact<B: Backend>(backend: &B, writes: &Writes, revision: i64) -> Outcome {
+    if !writes.decides() || !holds(backend, COMPACTION_LOCK).await {
         return Outcome::Retry;
     }
-    let Some(queue) = queue.upgrade() else {
-        return Outcome::Stopped;
-    };
-    match write_through(&queue, WriteRequest::Compact(revision)).await {
+    match writes.send(WriteRequest::Compact(revision)).await {
         Ok(_) => {
             tracing::info!(revision, "auto compaction");
             Outcome::Done
@@ -175,7 +169,7 @@ async fn compact<B: Backend>(
 async fn periodic<B: Backend>(
     period: Duration,
     backend: Arc<B>,
-    queue: mpsc::WeakSender<Queued>,
+    writes: Writes,
     revisions: watch::Receiver<Revisions>,
 ) {
     let compact_interval = period.min(Duration::from_secs(3600));
@@ -197,7 +191,7 @@ async fn periodic<B: Backend>(
             continue;
         }
         wait = compact_interval;
-        match compact(&*backend, &queue, samples[0]).await {
+        match compact(&*backend, &writes, samples[0]).await {
             Outcome::Done => last_success = Instant::now(),
             Outcome::Retry => {}
             Outcome::Stopped => return,
@@ -211,7 +205,7 @@ async fn by_revision<B: Backend>(
     retention: i64,
     interval: Duration,
     backend: Arc<B>,
-    queue: mpsc::WeakSender<Queued>,
+    writes: Writes,
     revisions: watch::Receiver<Revisions>,
 ) {
     let mut previous = 0;
@@ -221,7 +215,7 @@ async fn by_revision<B: Backend>(
         if revision <= 0 || revision == previous {
             continue;
         }
-        match compact(&*backend, &queue, revision).await {
+        match compact(&*backend, &writes, revision).await {
             Outcome::Done => previous = revision,
             Outcome::Retry => {}
             Outcome::Stopped => return,

@@ -36,6 +36,12 @@ pub enum StoreError {
     /// Alarm ACTIVATE of an alarm type etcd does not know.
     #[error("unknown alarm type {0}")]
     UnknownAlarm(i32),
+    /// Replicated mode: the cluster has no leader (no quorum) to order the request.
+    #[error("no leader")]
+    NoLeader,
+    /// Replicated mode: the request was not known to be applied in time.
+    #[error("request timed out")]
+    Timeout,
     /// The server is shutting down or its writer stopped.
     #[error("server stopped")]
     Stopped,

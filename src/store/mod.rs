@@ -15,9 +15,11 @@ pub mod hash;
 mod history;
 mod publisher;
 pub mod range;
-mod writer;
+pub mod writer;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -59,10 +61,94 @@ pub struct StoreOptions {
     pub auto_compaction: Option<AutoCompaction>,
 }
 
+/// A boxed future, for the object-safe `Replication`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A replicated log that decides the order of a cluster's writes and applies
+/// them on every member (`crate::raft`). A store without one writes alone.
+pub trait Replication: Send + Sync + 'static {
+    /// Puts `request`, made at `at_ms` (Unix milliseconds), in the log, and
+    /// answers once this member has applied it.
+    fn propose(
+        &self,
+        request: WriteRequest,
+        at_ms: i64,
+    ) -> BoxFuture<'_, StoreResult<WriteResponse>>;
+
+    /// Waits until this member has applied every write committed before the
+    /// call: the barrier in front of a linearizable read.
+    fn read_barrier(&self) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// Whether this member leads: the leader alone expires leases and runs
+    /// automatic compaction, through the log.
+    fn leads(&self) -> bool;
+}
+
+/// The replicated log of a store, once it joined one.
+type ReplicationSlot = Arc<OnceLock<Arc<dyn Replication>>>;
+
+/// Where writes go: to the replicated log when there is one, else straight
+/// to the local writer. Background jobs hold a weak handle on the writer
+/// queue, so that shutdown is not kept waiting for them.
+#[derive(Clone)]
+pub(crate) struct Writes {
+    queue: mpsc::WeakSender<Queued>,
+    replication: ReplicationSlot,
+}
+
+impl Writes {
+    /// Sends `request` the way this store's writes go.
+    pub(crate) async fn send(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
+        match self.replication.get() {
+            Some(replication) => replication.propose(request, apply::now_ms()).await,
+            None => {
+                let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
+                write_through(&queue, request).await
+            }
+        }
+    }
+
+    /// Whether this member decides cluster-wide writes of its own (lease
+    /// expiry, automatic compaction): always when alone, when leading in a
+    /// cluster.
+    pub(crate) fn decides(&self) -> bool {
+        self.replication.get().is_none_or(|r| r.leads())
+    }
+}
+
+/// The local writer, for a replicated log applying its entries here.
+#[derive(Clone)]
+pub struct LocalWriter {
+    queue: mpsc::WeakSender<Queued>,
+}
+
+impl LocalWriter {
+    /// Queues `request` (with the time it was made and the log position it
+    /// brings the store to) and returns where its answer will come.
+    pub async fn queue(
+        &self,
+        request: WriteRequest,
+        at_ms: i64,
+        mark: Vec<u8>,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<WriteResponse>>> {
+        let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
+        let (reply, answer) = oneshot::channel();
+        let queued = Queued {
+            request,
+            at_ms,
+            mark: Some(mark),
+            reply,
+        };
+        queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
+        Ok(answer)
+    }
+}
+
 /// An etcd key-value store on a database.
 pub struct Store<B: Backend> {
     backend: Arc<B>,
     queue: mpsc::Sender<Queued>,
+    replication: ReplicationSlot,
     revisions: watch::Receiver<Revisions>,
     publisher: Arc<Publisher<B>>,
     identity: Identity,
@@ -94,18 +180,23 @@ impl<B: Backend> Store<B> {
         let revisions = publisher.subscribe();
         let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
         let writer = writer::start(backend.clone(), queue_rx, publisher.clone());
+        let replication = ReplicationSlot::default();
+        let writes = Writes {
+            queue: queue.downgrade(),
+            replication: replication.clone(),
+        };
         let compactor = tokio::spawn(compactor(
             backend.clone(),
             queue.downgrade(),
             revisions.clone(),
         ));
-        let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), queue.downgrade()));
+        let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), writes.clone()));
         let mut background = vec![compactor, lease_expirer];
         if let Some(mode) = options.auto_compaction {
             background.push(tokio::spawn(auto_compaction::run(
                 mode,
                 backend.clone(),
-                queue.downgrade(),
+                writes,
                 revisions.clone(),
             )));
         }
@@ -117,6 +208,7 @@ impl<B: Backend> Store<B> {
         Ok(Store {
             backend,
             queue,
+            replication,
             revisions,
             publisher,
             identity,
@@ -130,6 +222,27 @@ impl<B: Backend> Store<B> {
     /// The cluster and member ids.
     pub fn identity(&self) -> Identity {
         self.identity
+    }
+
+    /// Sends every later write through `replication`, which applies them here
+    /// through `local_writer`. Done once, right after opening.
+    pub fn replicate_through(&self, replication: Arc<dyn Replication>) {
+        if self.replication.set(replication).is_err() {
+            tracing::warn!("the store already has a replicated log");
+        }
+    }
+
+    /// The local writer, for the replicated log's entries.
+    pub fn local_writer(&self) -> LocalWriter {
+        LocalWriter {
+            queue: self.queue.downgrade(),
+        }
+    }
+
+    /// Publishes to watchers (and to `revisions`) whatever the database holds
+    /// beyond what was published, after its contents were replaced wholesale.
+    pub async fn republish(&self) -> anyhow::Result<()> {
+        self.publisher.poll().await
     }
 
     /// The counters as of the last commit.
@@ -201,6 +314,9 @@ impl<B: Backend> Store<B> {
 
     /// etcd Range.
     pub async fn range(&self, req: &RangeRequest) -> StoreResult<RangeResponse> {
+        if !req.serializable {
+            self.read_barrier().await?;
+        }
         let mut txn = self.backend.read().await?;
         let revs = txn.revisions().await?;
         range::range(
@@ -257,9 +373,24 @@ impl<B: Backend> Store<B> {
         Ok(resp)
     }
 
+    /// In replicated mode, waits until this member has applied every write
+    /// committed so far (etcd's linearizable read).
+    pub async fn read_barrier(&self) -> StoreResult<()> {
+        match self.replication.get() {
+            Some(replication) => replication.read_barrier().await,
+            None => Ok(()),
+        }
+    }
+
     /// etcd LeaseGrant.
-    pub async fn lease_grant(&self, req: LeaseGrantRequest) -> StoreResult<LeaseGrantResponse> {
+    pub async fn lease_grant(&self, mut req: LeaseGrantRequest) -> StoreResult<LeaseGrantResponse> {
         self.check_quota(alarm::LEASE_OVERHEAD).await?;
+        if req.id == 0 {
+            // Chosen here, not where it is applied, so that every member of a
+            // cluster applies the same id. A clash with a lease in use (odds
+            // 2^-63) is answered as etcd answers a client's clashing id.
+            req.id = rand::random_range(1..=i64::MAX);
+        }
         match self.write(WriteRequest::LeaseGrant(req)).await? {
             WriteResponse::LeaseGrant(resp) => Ok(resp),
             _ => unreachable!("writer answers a LeaseGrant with a LeaseGrant"),
@@ -308,7 +439,10 @@ impl<B: Backend> Store<B> {
         Ok(LeaseTimeToLiveResponse {
             header: None,
             id: lease.id,
-            ttl: ((lease.expires_at - apply::now_ms()) / 1000).max(0),
+            // etcd's clock has nanoseconds, so some time has always passed since the
+            // grant and a fresh 60 s lease shows 59; at millisecond resolution the
+            // grant can look 0 ms old, so count at least 1 ms as gone.
+            ttl: ((lease.expires_at - apply::now_ms() - 1) / 1000).max(0),
             granted_ttl: lease.ttl,
             keys,
         })
@@ -399,7 +533,10 @@ impl<B: Backend> Store<B> {
     }
 
     async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
-        write_through(&self.queue, request).await
+        match self.replication.get() {
+            Some(replication) => replication.propose(request, apply::now_ms()).await,
+            None => write_through(&self.queue, request).await,
+        }
     }
 
     /// Stops accepting writes, lets the writer finish what is queued, and waits for it.
@@ -426,10 +563,13 @@ async fn write_through(
     request: WriteRequest,
 ) -> StoreResult<WriteResponse> {
     let (reply, answer) = oneshot::channel();
-    queue
-        .send(Queued { request, reply })
-        .await
-        .map_err(|_| StoreError::Stopped)?;
+    let queued = Queued {
+        request,
+        at_ms: apply::now_ms(),
+        mark: None,
+        reply,
+    };
+    queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
     answer.await.map_err(|_| StoreError::Stopped)?
 }
 
@@ -493,11 +633,12 @@ const LEASE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_mill
 
 /// Revokes leases whose deadline passed: each in its own revision, through
 /// the writer, which checks the deadline again in case of a late keep-alive.
-async fn lease_expirer<B: Backend>(backend: Arc<B>, queue: mpsc::WeakSender<Queued>) {
+/// In a cluster only the leader does, through the replicated log.
+async fn lease_expirer<B: Backend>(backend: Arc<B>, writes: Writes) {
     let mut tick = tokio::time::interval(LEASE_CHECK_INTERVAL);
     loop {
         tick.tick().await;
-        if !holds(&*backend, LEASE_EXPIRY_LOCK).await {
+        if !writes.decides() || !holds(&*backend, LEASE_EXPIRY_LOCK).await {
             continue;
         }
         let expired = match backend.read().await {
@@ -511,9 +652,8 @@ async fn lease_expirer<B: Backend>(backend: Arc<B>, queue: mpsc::WeakSender<Queu
                 continue;
             }
         };
-        let Some(queue) = queue.upgrade() else { return };
         for id in expired {
-            match write_through(&queue, WriteRequest::LeaseExpire(id)).await {
+            match writes.send(WriteRequest::LeaseExpire(id)).await {
                 Ok(_) => tracing::debug!(lease = id, "lease expired"),
                 Err(StoreError::Stopped) => return,
                 // Under the CORRUPT alarm leases do not expire, as in etcd.

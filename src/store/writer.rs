@@ -56,6 +56,9 @@ pub enum WriteRequest {
         /// etcdserverpb.AlarmType number.
         alarm: i32,
     },
+    /// Nothing but the replication mark of its `Queued` (a Raft entry that
+    /// changes no key, such as a membership change).
+    Nothing,
 }
 
 /// The writer's answer to a `WriteRequest`.
@@ -81,12 +84,20 @@ pub enum WriteResponse {
     CompactStep,
     /// Answer to Alarm: the alarm concerned, if any.
     Alarm(Vec<AlarmRow>),
+    /// Answer to Nothing.
+    Nothing,
 }
 
 /// A queued request and where its answer goes.
 pub struct Queued {
     /// What to do.
     pub request: WriteRequest,
+    /// When it was asked for (Unix milliseconds): the time lease deadlines
+    /// count from.
+    pub at_ms: i64,
+    /// In replicated mode, the position in the replicated log this request
+    /// brings the store to (see `crate::raft`), stored in the same commit.
+    pub mark: Option<Vec<u8>>,
     /// Where to answer.
     pub reply: oneshot::Sender<StoreResult<WriteResponse>>,
 }
@@ -171,7 +182,11 @@ async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result
     let mut committed = Vec::new();
     // The raised alarms, read once per batch when a request needs them.
     let mut alarms: Option<Vec<AlarmRow>> = None;
+    let mut mark = None;
     for queued in batch.iter() {
+        if queued.mark.is_some() {
+            mark = queued.mark.as_deref();
+        }
         if alarm::may_be_refused(&queued.request) {
             let raised = match &alarms {
                 Some(raised) => raised,
@@ -185,7 +200,7 @@ async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result
         if let WriteRequest::Alarm { .. } = queued.request {
             alarms = None;
         }
-        let answer = apply(&mut txn, &mut revs, &queued.request, &mut committed).await;
+        let answer = apply(&mut txn, &mut revs, queued, &mut committed).await;
         if let Err(StoreError::Backend(error)) = answer {
             return Err(error);
         }
@@ -194,6 +209,9 @@ async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result
     if revs != start {
         txn.set_revisions(revs).await?;
     }
+    if let Some(mark) = mark {
+        txn.set_replication_mark(mark).await?;
+    }
     txn.commit().await?;
     Ok((answers, revs, committed))
 }
@@ -201,11 +219,11 @@ async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result
 async fn apply<T: WriteTxn>(
     txn: &mut T,
     revs: &mut Revisions,
-    request: &WriteRequest,
+    queued: &Queued,
     committed: &mut Vec<RevisionEvents>,
 ) -> StoreResult<WriteResponse> {
-    let mut applier = Applier::new(txn, revs.current, revs.compact);
-    let response = match request {
+    let mut applier = Applier::new(txn, revs.current, revs.compact, queued.at_ms);
+    let response = match &queued.request {
         WriteRequest::Put(req) => WriteResponse::Put(applier.put(req).await?),
         WriteRequest::DeleteRange(req) => {
             WriteResponse::DeleteRange(applier.delete_range(req).await?)
@@ -239,6 +257,7 @@ async fn apply<T: WriteTxn>(
             let changed = alarm::change(txn, *change, *member_id, *alarm).await?;
             return Ok(WriteResponse::Alarm(changed));
         }
+        WriteRequest::Nothing => return Ok(WriteResponse::Nothing),
     };
     revs.current = applier.revision();
     if !applier.events.is_empty() {

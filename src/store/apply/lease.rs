@@ -25,7 +25,9 @@ pub fn now_ms() -> i64 {
 }
 
 impl<T: WriteTxn> Applier<'_, T> {
-    /// LeaseGrant: a client-chosen id, or a fresh positive one.
+    /// LeaseGrant: a client-chosen id, or a fresh positive one (chosen by
+    /// `Store::lease_grant` before the request is queued, so that every
+    /// replica applies the same id).
     pub async fn lease_grant(
         &mut self,
         req: &LeaseGrantRequest,
@@ -33,24 +35,16 @@ impl<T: WriteTxn> Applier<'_, T> {
         if req.ttl > MAX_LEASE_TTL {
             return Err(StoreError::LeaseTtlTooLarge);
         }
-        let id = if req.id == 0 {
-            loop {
-                let id = rand::random_range(1..=i64::MAX);
-                if self.txn.lease(id).await?.is_none() {
-                    break id;
-                }
-            }
-        } else if self.txn.lease(req.id).await?.is_some() {
+        if self.txn.lease(req.id).await?.is_some() {
             return Err(StoreError::LeaseExists);
-        } else {
-            req.id
-        };
+        }
+        let id = req.id;
         let ttl = req.ttl.max(MIN_LEASE_TTL);
         self.txn
             .put_lease(&LeaseRow {
                 id,
                 ttl,
-                expires_at: now_ms().saturating_add(ttl.saturating_mul(1000)),
+                expires_at: self.now_ms.saturating_add(ttl.saturating_mul(1000)),
             })
             .await?;
         Ok(LeaseGrantResponse {
@@ -76,7 +70,7 @@ impl<T: WriteTxn> Applier<'_, T> {
     /// that came first wins.
     pub async fn lease_expire(&mut self, id: i64) -> StoreResult<bool> {
         match self.txn.lease(id).await? {
-            Some(lease) if lease.expires_at <= now_ms() => self.revoke(id).await.map(|()| true),
+            Some(lease) if lease.expires_at <= self.now_ms => self.revoke(id).await.map(|()| true),
             _ => Ok(false),
         }
     }
@@ -84,7 +78,7 @@ impl<T: WriteTxn> Applier<'_, T> {
     /// LeaseKeepAlive: a full TTL from now. An unknown or already expired
     /// lease answers TTL 0, as etcd does.
     pub async fn lease_keep_alive(&mut self, id: i64) -> StoreResult<LeaseKeepAliveResponse> {
-        let now = now_ms();
+        let now = self.now_ms;
         let ttl = match self.txn.lease(id).await? {
             Some(lease) if lease.expires_at > now => {
                 let renewed = LeaseRow {

@@ -1,0 +1,571 @@
+//! One member of a replicated cluster: starts Raft on the store, serves the
+//! peer service, joins or founds the cluster, and carries this member's
+//! writes and linearizable reads through the log (`Replication`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, RaftMetrics, SnapshotPolicy};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::log_store::LogStore;
+use super::network::{Method, PeerError, Peers};
+use super::peer::{JoinRequest, Joined, PeerService, Refusal};
+use super::proposal::{Command, Proposal, Waiters};
+use super::state_machine::StateMachine;
+use super::{Member, Raft};
+use crate::backend::Backend;
+use crate::backend::WriteTxn;
+use crate::proto::ceterapb::peer_server::PeerServer;
+use crate::store::writer::{WriteRequest, WriteResponse};
+use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
+
+/// How long a write or a linearizable read may take before it fails with
+/// etcd's "request timed out".
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request waits for an election to end before "no leader".
+const LEADER_WAIT: Duration = Duration::from_secs(3);
+/// How long a new member keeps asking to join.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How this member comes to be in a cluster.
+#[derive(Clone, Debug)]
+pub enum JoinMode {
+    /// Found one (`--cluster-init`), with this store's data.
+    Init,
+    /// Join the cluster whose member's peer service is at `url` (`--join`).
+    Join {
+        /// Peer URL of any member.
+        url: String,
+    },
+}
+
+/// Settings of a member.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Found or join.
+    pub mode: JoinMode,
+    /// The cluster token; founding without one makes one up.
+    pub token: Option<String>,
+    /// Where the peer service listens.
+    pub peer_listen_address: SocketAddr,
+    /// This member's name and addresses, as others reach it.
+    pub member: Member,
+    /// The replicated log's file.
+    pub log_path: PathBuf,
+    /// Where a made-up token is written for the other members to use.
+    pub token_path: PathBuf,
+    /// Folder for snapshot files in transit.
+    pub scratch: PathBuf,
+}
+
+/// This member's view of leadership and the log, for Status and headers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RaftStatus {
+    /// The leader's id, if there is one.
+    pub leader: Option<u64>,
+    /// The current term.
+    pub term: u64,
+    /// Index of the last entry in this member's log.
+    pub last_log_index: u64,
+    /// Index of the last entry applied here.
+    pub applied_index: u64,
+}
+
+/// A member as MemberList shows it.
+#[derive(Clone, Debug)]
+pub struct MemberStatus {
+    /// Its id.
+    pub id: u64,
+    /// Its addresses.
+    pub member: Member,
+    /// Whether it only follows the log without a vote.
+    pub is_learner: bool,
+}
+
+/// A running member of a replicated cluster.
+pub struct Cluster {
+    id: u64,
+    cluster_id: AtomicU64,
+    token: String,
+    raft: Raft,
+    metrics: watch::Receiver<RaftMetrics<u64, Member>>,
+    peers: Peers,
+    waiters: Arc<Waiters>,
+    /// Numbers this member's proposals; starts at the clock so that entries
+    /// proposed before a restart never answer a waiter after it.
+    next_seq: AtomicU64,
+    peer_server: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Held while the leader adds a member: one membership change at a time.
+    adding: tokio::sync::Mutex<()>,
+}
+
+impl Cluster {
+    /// Starts this member on `store` and joins or founds the cluster; from
+    /// then on the store's writes go through the log.
+    pub async fn start<B: Backend>(
+        options: ClusterOptions,
+        store: Arc<Store<B>>,
+    ) -> anyhow::Result<Arc<Cluster>> {
+        let log = LogStore::open(&options.log_path)
+            .with_context(|| format!("cannot open the Raft log {}", options.log_path.display()))?;
+        let was_member = !log.is_empty()?;
+        let token = cluster_token(&options, was_member)?;
+        let id = store.identity().member_id;
+        if matches!(options.mode, JoinMode::Join { .. }) && !was_member && holds_data(&store) {
+            bail!(
+                "this datastore already holds data (revision {}); a joining member starts \
+                 empty and gets the cluster's data from its leader",
+                store.revisions().current
+            );
+        }
+        let waiters = Arc::new(Waiters::default());
+        let state_machine =
+            StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());
+        let peers = Peers::new(&token, None);
+        let config = openraft::Config {
+            cluster_name: "cetera".to_string(),
+            heartbeat_interval: 100,
+            election_timeout_min: 500,
+            election_timeout_max: 1000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(10_000),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+        .validate()?;
+        let raft = Raft::new(id, Arc::new(config), peers.clone(), log, state_machine)
+            .await
+            .context("cannot start Raft")?;
+        let cluster = Arc::new(Cluster {
+            id,
+            cluster_id: AtomicU64::new(store.identity().cluster_id),
+            token,
+            metrics: raft.metrics(),
+            raft,
+            peers,
+            waiters,
+            next_seq: AtomicU64::new(clock_ns()),
+            peer_server: std::sync::Mutex::new(None),
+            adding: tokio::sync::Mutex::new(()),
+        });
+        cluster.serve_peers(options.peer_listen_address).await?;
+        match &options.mode {
+            JoinMode::Init => {
+                if !cluster.raft.is_initialized().await? {
+                    let members = BTreeMap::from([(id, options.member.clone())]);
+                    cluster.raft.initialize(members).await?;
+                    cluster.start_log_after_the_data().await?;
+                    tracing::info!(member_id = format_args!("{id:x}"), "founded a cluster");
+                }
+            }
+            JoinMode::Join { url } => {
+                if !was_member {
+                    let joined = cluster.join(url, &options.member).await?;
+                    cluster
+                        .cluster_id
+                        .store(joined.cluster_id, Ordering::Relaxed);
+                    let mut txn = store.database().write().await?;
+                    txn.set_setting(crate::store::CLUSTER, joined.cluster_id as i64)
+                        .await?;
+                    txn.commit().await?;
+                    tracing::info!(member_id = format_args!("{id:x}"), "joined the cluster");
+                }
+            }
+        }
+        store.replicate_through(cluster.clone());
+        Ok(cluster)
+    }
+
+    /// The cluster id, as response headers report it.
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id.load(Ordering::Relaxed)
+    }
+
+    /// The Raft member.
+    pub(super) fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The cluster token peers must present.
+    pub(super) fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Leader, term and log positions as this member sees them.
+    pub fn status(&self) -> RaftStatus {
+        let metrics = self.metrics.borrow();
+        RaftStatus {
+            leader: metrics.current_leader,
+            term: metrics.current_term,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            applied_index: metrics.last_applied.map_or(0, |l| l.index),
+        }
+    }
+
+    /// The members, voters and learners, by id.
+    pub fn members(&self) -> Vec<MemberStatus> {
+        let metrics = self.metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, member)| MemberStatus {
+                id: *id,
+                member: member.clone(),
+                is_learner: !voters.contains(id),
+            })
+            .collect()
+    }
+
+    /// Stops Raft and the peer service.
+    pub async fn shutdown(&self) {
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!("Raft did not stop cleanly: {error}");
+        }
+        if let Some(server) = self
+            .peer_server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            server.abort();
+        }
+    }
+
+    async fn serve_peers(self: &Arc<Self>, address: SocketAddr) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("cannot listen for peers on {address}"))?;
+        let service = PeerServer::new(PeerService::new(self.clone()))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let server = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        let task = tokio::spawn(async move {
+            if let Err(error) = server.await {
+                tracing::error!("peer service failed: {error}");
+            }
+        });
+        *self.peer_server.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        tracing::info!(%address, "serving peers");
+        Ok(())
+    }
+
+    /// Right after founding: snapshots the store and purges the log before
+    /// it, so that members joining later start from a copy of the data the
+    /// store held before it was a cluster (a converted single node's keys
+    /// are not in the log).
+    async fn start_log_after_the_data(&self) -> anyhow::Result<()> {
+        let id = self.id;
+        let leading = self
+            .raft
+            .wait(Some(Duration::from_secs(30)))
+            .metrics(
+                |m| m.current_leader == Some(id) && m.last_applied.is_some(),
+                "the founding member leads",
+            )
+            .await?;
+        let applied = leading.last_applied.map_or(0, |l| l.index);
+        self.raft.trigger().snapshot().await?;
+        self.raft
+            .wait(Some(Duration::from_secs(30)))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                "the founding snapshot",
+            )
+            .await?;
+        self.raft.trigger().purge_log(applied).await?;
+        Ok(())
+    }
+
+    /// Asks the member at `url` (or the leader it names) to add this member.
+    async fn join(&self, url: &str, member: &Member) -> anyhow::Result<Joined> {
+        let request = JoinRequest {
+            id: self.id,
+            member: member.clone(),
+        };
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let mut url = url.to_string();
+        loop {
+            let answer: Result<Result<Joined, Refusal>, PeerError> = self
+                .peers
+                .call(&url, Method::Join, &request, JOIN_TIMEOUT)
+                .await;
+            match answer {
+                Ok(Ok(joined)) => return Ok(joined),
+                Ok(Err(Refusal::NotLeader(Some((_, leader))))) => url = leader.peer_url,
+                Ok(Err(Refusal::NotLeader(None) | Refusal::Busy)) => {}
+                Ok(Err(Refusal::Failed(message))) => {
+                    bail!("the cluster refused to add this member: {message}")
+                }
+                Err(PeerError::Refused { status, .. }) => {
+                    bail!("{url} refused to add this member: {}", status.message())
+                }
+                Err(error) => tracing::warn!("cannot join yet: {error}"),
+            }
+            if Instant::now() > deadline {
+                bail!("could not join the cluster at {url} within {JOIN_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    fn leader(&self) -> Option<(u64, Member)> {
+        let metrics = self.metrics.borrow();
+        let leader = metrics.current_leader?;
+        let member = metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)?
+            .clone();
+        Some((leader, member))
+    }
+
+    /// As leader: puts `proposal` in the log and returns once it is applied here.
+    pub(super) async fn lead_write(&self, proposal: Proposal) -> Result<(), Refusal> {
+        match self.raft.client_write(proposal).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
+            }
+            Err(error) => Err(Refusal::Failed(error.to_string())),
+        }
+    }
+
+    /// As leader: the index a linearizable read must wait for.
+    pub(super) async fn lead_read_index(&self) -> Result<u64, Refusal> {
+        match self.raft.get_read_log_id().await {
+            Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
+            }
+            Err(error) => Err(Refusal::Failed(error.to_string())),
+        }
+    }
+
+    /// As leader: adds a member, as a learner until it has caught up, then
+    /// as a voter.
+    pub(super) async fn lead_join(&self, join: JoinRequest) -> Result<Joined, Refusal> {
+        let refusal = |error: RaftError<u64, ClientWriteError<u64, Member>>| match error {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                Refusal::NotLeader(f.leader_id.zip(f.leader_node))
+            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                ChangeMembershipError::InProgress(_),
+            )) => Refusal::Busy,
+            error => Refusal::Failed(error.to_string()),
+        };
+        let _adding = self.adding.lock().await;
+        if self.leader().map(|(id, _)| id) != Some(self.id) {
+            return Err(Refusal::NotLeader(self.leader()));
+        }
+        tracing::info!(member_id = format_args!("{:x}", join.id), member = %join.member, "adding a member");
+        self.raft
+            .add_learner(join.id, join.member, true)
+            .await
+            .map_err(refusal)?;
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([join.id])), false)
+            .await
+            .map_err(refusal)?;
+        Ok(Joined {
+            cluster_id: self.cluster_id(),
+        })
+    }
+
+    /// Gets `proposal` into the log: here when leading, else through the
+    /// leader. Waits out an election for up to LEADER_WAIT.
+    async fn submit(&self, proposal: &Proposal) -> StoreResult<()> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            let refusal = match self.lead_write(proposal.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(refusal) => refusal,
+            };
+            match refusal {
+                Refusal::NotLeader(Some((leader, member))) if leader != self.id => {
+                    let answer: Result<Result<(), Refusal>, PeerError> = self
+                        .peers
+                        .call(&member.peer_url, Method::Forward, proposal, REQUEST_TIMEOUT)
+                        .await;
+                    match answer {
+                        Ok(Ok(())) => return Ok(()),
+                        Ok(Err(Refusal::NotLeader(_) | Refusal::Busy)) => {}
+                        Ok(Err(Refusal::Failed(message))) => {
+                            return Err(StoreError::Backend(anyhow::anyhow!(message)));
+                        }
+                        Err(PeerError::Unreachable { .. }) if Instant::now() < deadline => {}
+                        Err(error) => {
+                            tracing::warn!("cannot forward a write to the leader: {error}");
+                            return Err(StoreError::NoLeader);
+                        }
+                    }
+                }
+                Refusal::NotLeader(_) | Refusal::Busy => {}
+                Refusal::Failed(message) => {
+                    return Err(StoreError::Backend(anyhow::anyhow!(message)));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(StoreError::NoLeader);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until this member has applied everything committed before now.
+    async fn linearize(&self) -> StoreResult<()> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            let refusal = match self.raft.ensure_linearizable().await {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                    Refusal::NotLeader(f.leader_id.zip(f.leader_node))
+                }
+                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                    Refusal::NotLeader(None)
+                }
+                Err(RaftError::Fatal(_)) => return Err(StoreError::Stopped),
+            };
+            if let Refusal::NotLeader(Some((leader, member))) = refusal
+                && leader != self.id
+            {
+                let answer: Result<Result<u64, Refusal>, PeerError> = self
+                    .peers
+                    .call(&member.peer_url, Method::ReadIndex, &(), REQUEST_TIMEOUT)
+                    .await;
+                if let Ok(Ok(index)) = answer {
+                    return self
+                        .raft
+                        .wait(Some(REQUEST_TIMEOUT))
+                        .applied_index_at_least(Some(index), "read index")
+                        .await
+                        .map(|_| ())
+                        .map_err(|_| StoreError::Timeout);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(StoreError::NoLeader);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cluster(member {:x})", self.id)
+    }
+}
+
+impl Replication for Cluster {
+    fn propose(
+        &self,
+        request: WriteRequest,
+        at_ms: i64,
+    ) -> BoxFuture<'_, StoreResult<WriteResponse>> {
+        Box::pin(async move {
+            let Some(command) = Command::of(&request) else {
+                // Local housekeeping is never proposed (see Writes).
+                return Err(StoreError::Backend(anyhow::anyhow!(
+                    "a local write was proposed to the cluster"
+                )));
+            };
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let proposal = Proposal {
+                origin: self.id,
+                seq,
+                at_ms,
+                command,
+            };
+            let answer = self.waiters.wait(seq);
+            let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                self.submit(&proposal).await?;
+                answer.await.map_err(|_| StoreError::Stopped)?
+            })
+            .await;
+            let outcome = outcome.unwrap_or(Err(StoreError::Timeout));
+            if outcome.is_err() {
+                self.waiters.forget(seq);
+            }
+            outcome
+        })
+    }
+
+    fn read_barrier(&self) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(async move {
+            tokio::time::timeout(REQUEST_TIMEOUT, self.linearize())
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
+    }
+
+    fn leads(&self) -> bool {
+        self.metrics.borrow().current_leader == Some(self.id)
+    }
+}
+
+/// Nanoseconds since the Unix epoch.
+fn clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Whether a store holds anything a joining member would lose.
+fn holds_data<B: Backend>(store: &Store<B>) -> bool {
+    store.revisions().current > 1
+}
+
+/// The token: given, or kept from before, or (when founding) made up and
+/// written down for the other members.
+fn cluster_token(options: &ClusterOptions, was_member: bool) -> anyhow::Result<String> {
+    if let Some(token) = &options.token {
+        if token.is_empty() {
+            bail!("--token must not be empty");
+        }
+        return Ok(token.clone());
+    }
+    if let Ok(token) = std::fs::read_to_string(&options.token_path) {
+        return Ok(token.trim().to_string());
+    }
+    match options.mode {
+        JoinMode::Join { .. } => bail!("--join needs the cluster's --token"),
+        JoinMode::Init if was_member => bail!(
+            "the cluster token file {} is gone; give the token with --token",
+            options.token_path.display()
+        ),
+        JoinMode::Init => {
+            let token = format!("{:032x}", rand::random::<u128>());
+            write_private(&options.token_path, &token)?;
+            tracing::info!(
+                path = %options.token_path.display(),
+                "made up a cluster token; other members join with --token (it is in that file)"
+            );
+            Ok(token)
+        }
+    }
+}
+
+/// Writes `text` to a new file only its owner can read.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write the cluster token to {}", path.display()))?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    Ok(())
+}

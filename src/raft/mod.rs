@@ -1,0 +1,56 @@
+//! Replicated mode: three or more cetera members keep copies of one SQLite
+//! store in step through Raft (openraft).
+//!
+//! Writes become `Proposal`s in a replicated log (`log_store`, fsynced before
+//! a member acknowledges an append). Once a quorum holds an entry, every
+//! member applies it through its ordinary local writer (`state_machine`),
+//! which stores the entry's position (its `Mark`) in the same SQLite commit:
+//! entries apply exactly once, with the same revisions everywhere, and the
+//! store itself is the state machine's snapshot. Members talk over cetera's
+//! own peer service (`peer`), and a `Cluster` ties it together: it proposes
+//! this member's writes (forwarding them to the leader when it follows),
+//! answers linearizable reads after a read index, and reports membership,
+//! leader and term to the etcd API.
+
+mod cluster;
+mod log_store;
+mod member;
+mod network;
+mod peer;
+mod proposal;
+mod state_machine;
+
+use std::io::Cursor;
+
+pub use self::cluster::{Cluster, ClusterOptions, JoinMode};
+pub use self::member::Member;
+
+openraft::declare_raft_types!(
+    /// openraft's types for cetera: proposals in, nothing out (answers travel
+    /// through `proposal::Waiters`), members with peer and client URLs.
+    pub TypeConfig:
+        D = proposal::Proposal,
+        R = (),
+        NodeId = u64,
+        Node = Member,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// A running Raft member.
+type Raft = openraft::Raft<TypeConfig>;
+
+/// Log position of an entry.
+type LogId = openraft::LogId<u64>;
+
+/// Membership as of an applied entry.
+type StoredMembership = openraft::StoredMembership<u64, Member>;
+
+/// A storage failure, as openraft takes it.
+type StorageError = openraft::StorageError<u64>;
+
+/// Wraps any error for openraft.
+fn any_error(error: impl std::fmt::Display) -> openraft::AnyError {
+    openraft::AnyError::error(error.to_string())
+}

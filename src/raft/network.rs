@@ -1,0 +1,232 @@
+//! The client side of the peer service: how this member reaches the others,
+//! for openraft (append, vote, snapshot chunks) and for cetera's own calls
+//! (forwarded writes, read index, join). Every call carries the cluster
+//! token; payloads are postcard-encoded.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use super::{Member, TypeConfig};
+use crate::proto::ceterapb::Payload;
+use crate::proto::ceterapb::peer_client::PeerClient;
+
+/// Metadata key of the cluster token.
+pub const TOKEN_HEADER: &str = "cetera-token";
+
+/// A failed peer call.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The peer could not be reached (or did not answer in time).
+    #[error("cannot reach {url}: {message}")]
+    Unreachable {
+        /// The peer.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The peer answered with an error status.
+    #[error("{url} refused: {status}")]
+    Refused {
+        /// The peer.
+        url: String,
+        /// Its answer.
+        status: tonic::Status,
+    },
+    /// The answer did not decode.
+    #[error("{url} answered something unreadable: {message}")]
+    Garbled {
+        /// The peer.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Connections to the other members, by peer URL.
+#[derive(Clone)]
+pub struct Peers {
+    token: Arc<str>,
+    tls: Option<ClientTlsConfig>,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Peers {
+    /// Peers reached with `token` (and TLS, when configured).
+    pub fn new(token: &str, tls: Option<ClientTlsConfig>) -> Self {
+        Peers {
+            token: token.into(),
+            tls,
+            channels: Arc::default(),
+        }
+    }
+
+    fn channel(&self, url: &str) -> Result<Channel, PeerError> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = channels.get(url) {
+            return Ok(channel.clone());
+        }
+        let unreachable = |message: String| PeerError::Unreachable {
+            url: url.to_string(),
+            message,
+        };
+        let mut endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| unreachable(e.to_string()))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| unreachable(e.to_string()))?;
+        }
+        let channel = endpoint.connect_lazy();
+        channels.insert(url.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Calls `method` of the peer at `url` with `message`, within `timeout`.
+    pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        url: &str,
+        method: Method,
+        message: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, PeerError> {
+        let data = postcard::to_stdvec(message).map_err(|e| PeerError::Garbled {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
+        let mut client = PeerClient::new(self.channel(url)?)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(timeout);
+        if let Ok(token) = self.token.parse() {
+            request.metadata_mut().insert(TOKEN_HEADER, token);
+        }
+        let answer = match method {
+            Method::AppendEntries => client.append_entries(request).await,
+            Method::Vote => client.vote(request).await,
+            Method::InstallSnapshot => client.install_snapshot(request).await,
+            Method::Forward => client.forward(request).await,
+            Method::ReadIndex => client.read_index(request).await,
+            Method::Join => client.join(request).await,
+        };
+        let payload = answer.map_err(|status| match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                PeerError::Unreachable {
+                    url: url.to_string(),
+                    message: status.message().to_string(),
+                }
+            }
+            _ => PeerError::Refused {
+                url: url.to_string(),
+                status,
+            },
+        })?;
+        postcard::from_bytes(&payload.get_ref().data).map_err(|e| PeerError::Garbled {
+            url: url.to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// The peer service's methods.
+#[derive(Clone, Copy, Debug)]
+pub enum Method {
+    /// openraft AppendEntries.
+    AppendEntries,
+    /// openraft Vote.
+    Vote,
+    /// openraft InstallSnapshot (one chunk).
+    InstallSnapshot,
+    /// A write for the leader.
+    Forward,
+    /// The leader's read index.
+    ReadIndex,
+    /// Adding a member.
+    Join,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Peers {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: u64, node: &Member) -> PeerConnection {
+        PeerConnection {
+            peers: self.clone(),
+            target,
+            url: node.peer_url.clone(),
+        }
+    }
+}
+
+/// openraft's connection to one member.
+pub struct PeerConnection {
+    peers: Peers,
+    target: u64,
+    url: String,
+}
+
+impl PeerConnection {
+    async fn raft_call<
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    >(
+        &self,
+        method: Method,
+        message: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<u64, Member, E>> {
+        let answer: Result<Resp, E> = self
+            .peers
+            .call(&self.url, method, message, option.hard_ttl())
+            .await
+            .map_err(|error| match error {
+                PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&error)),
+                _ => RPCError::Network(NetworkError::new(&error)),
+            })?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, Member, RaftError<u64>>> {
+        self.raft_call(Method::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, Member, RaftError<u64, InstallSnapshotError>>,
+    > {
+        self.raft_call(Method::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, Member, RaftError<u64>>> {
+        self.raft_call(Method::Vote, &rpc, &option).await
+    }
+}

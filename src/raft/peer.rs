@@ -1,0 +1,110 @@
+//! The server side of the peer service: hands openraft's messages to the
+//! local Raft member, and serves cetera's own calls (a follower's forwarded
+//! write, read index, join). Calls without the cluster token are refused.
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status};
+
+use super::cluster::Cluster;
+use super::network::TOKEN_HEADER;
+use super::proposal::Proposal;
+use super::{Member, TypeConfig};
+use crate::proto::ceterapb::Payload;
+use crate::proto::ceterapb::peer_server::Peer;
+
+/// Why the leader did not do what a member asked.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Refusal {
+    /// This member does not lead; the leader, if it knows one.
+    NotLeader(Option<(u64, Member)>),
+    /// Another membership change is under way: ask again.
+    Busy,
+    /// It failed.
+    Failed(String),
+}
+
+/// A member asking to join.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// Its id (its etcd member id).
+    pub id: u64,
+    /// Its addresses.
+    pub member: Member,
+}
+
+/// The answer to a join.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Joined {
+    /// The cluster's id, which the new member reports from now on.
+    pub cluster_id: u64,
+}
+
+/// The peer service of one member.
+pub struct PeerService {
+    cluster: Arc<Cluster>,
+}
+
+impl PeerService {
+    /// The service of `cluster`'s member.
+    pub fn new(cluster: Arc<Cluster>) -> Self {
+        PeerService { cluster }
+    }
+
+    fn open<T: DeserializeOwned>(&self, request: Request<Payload>) -> Result<T, Status> {
+        let token = request
+            .metadata()
+            .get(TOKEN_HEADER)
+            .and_then(|t| t.to_str().ok());
+        if token != Some(self.cluster.token()) {
+            return Err(Status::unauthenticated(
+                "cetera: the peer did not present this cluster's token",
+            ));
+        }
+        postcard::from_bytes(&request.get_ref().data)
+            .map_err(|e| Status::invalid_argument(format!("cetera: unreadable peer message: {e}")))
+    }
+}
+
+fn answer<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
+    let data = postcard::to_stdvec(value).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(Payload { data }))
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn append_entries(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let rpc: openraft::raft::AppendEntriesRequest<TypeConfig> = self.open(request)?;
+        answer(&self.cluster.raft().append_entries(rpc).await)
+    }
+
+    async fn vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let rpc: openraft::raft::VoteRequest<u64> = self.open(request)?;
+        answer(&self.cluster.raft().vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Payload>,
+    ) -> Result<Response<Payload>, Status> {
+        let rpc: openraft::raft::InstallSnapshotRequest<TypeConfig> = self.open(request)?;
+        answer(&self.cluster.raft().install_snapshot(rpc).await)
+    }
+
+    async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let proposal: Proposal = self.open(request)?;
+        answer(&self.cluster.lead_write(proposal).await)
+    }
+
+    async fn read_index(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let (): () = self.open(request)?;
+        answer(&self.cluster.lead_read_index().await)
+    }
+
+    async fn join(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let join: JoinRequest = self.open(request)?;
+        answer(&self.cluster.lead_join(join).await)
+    }
+}
