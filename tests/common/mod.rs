@@ -12,6 +12,8 @@
 
 pub mod certs;
 pub mod datastore;
+pub mod fault_proxy;
+pub mod linearizability;
 pub mod migration;
 
 use std::fs::File;

@@ -1,0 +1,131 @@
+//! A TCP proxy that stands in for a network link between cluster nodes in tests: it
+//! forwards connections to a target until `cut()`, which kills every live connection and
+//! closes new ones at once, until `heal()`.
+//!
+//! `cut()` shuts the sockets down synchronously (through duplicated file descriptors), so
+//! the link is down when it returns, whatever the runtime is doing: on a current-thread
+//! runtime the forwarding tasks only run when the test awaits.
+
+use std::collections::HashMap;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// A proxy listening on 127.0.0.1 that forwards to one target; dropping it stops it.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    links: Arc<Mutex<Links>>,
+    accept: JoinHandle<()>,
+}
+
+/// The cut flag and a duplicate of every live socket, kept to shut them down from `cut()`.
+#[derive(Default)]
+struct Links {
+    cut: bool,
+    next_id: u64,
+    live: HashMap<u64, Vec<std::net::TcpStream>>,
+}
+
+impl Links {
+    fn kill_all(&mut self) {
+        for socket in self.live.drain().flat_map(|(_, s)| s) {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl FaultProxy {
+    /// Starts forwarding 127.0.0.1:<free port> to `target`. Must run inside a tokio runtime.
+    pub fn start(target: SocketAddr) -> FaultProxy {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("proxy address");
+        let listener = TcpListener::from_std(std_listener).expect("register proxy listener");
+        let links = Arc::new(Mutex::new(Links::default()));
+        let accept = tokio::spawn(accept_loop(listener, target, links.clone()));
+        FaultProxy {
+            addr,
+            links,
+            accept,
+        }
+    }
+
+    /// The address clients connect to instead of the target.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Drops every live connection now and closes new ones until `heal()`.
+    pub fn cut(&self) {
+        let mut links = self.links.lock().unwrap();
+        links.cut = true;
+        links.kill_all();
+    }
+
+    /// Forwards new connections again (connections killed by `cut()` stay closed).
+    pub fn heal(&self) {
+        self.links.lock().unwrap().cut = false;
+    }
+
+    /// True between `cut()` and `heal()`.
+    pub fn is_cut(&self) -> bool {
+        self.links.lock().unwrap().cut
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.links.lock().unwrap().kill_all();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, target: SocketAddr, links: Arc<Mutex<Links>>) {
+    loop {
+        let Ok((inbound, _)) = listener.accept().await else {
+            // Out of file descriptors or similar: retry without spinning.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        };
+        let Some((inbound, id)) = register(&links, None, inbound) else {
+            continue; // cut: dropping the socket closes it
+        };
+        tokio::spawn(forward(inbound, id, target, links.clone()));
+    }
+}
+
+/// Keeps a duplicate of `socket` under connection `id` (a new id when `None`), unless the
+/// link is cut or that connection was killed meanwhile; then the socket is dropped.
+fn register(links: &Mutex<Links>, id: Option<u64>, socket: TcpStream) -> Option<(TcpStream, u64)> {
+    let socket = socket.into_std().ok()?;
+    let dup = socket.try_clone().ok()?;
+    let mut links = links.lock().unwrap();
+    if links.cut {
+        return None;
+    }
+    let id = id.unwrap_or_else(|| {
+        links.next_id += 1;
+        let id = links.next_id;
+        links.live.insert(id, Vec::new());
+        id
+    });
+    links.live.get_mut(&id)?.push(dup);
+    drop(links);
+    Some((TcpStream::from_std(socket).ok()?, id))
+}
+
+async fn forward(mut inbound: TcpStream, id: u64, target: SocketAddr, links: Arc<Mutex<Links>>) {
+    if let Ok(outbound) = TcpStream::connect(target).await
+        && let Some((mut outbound, _)) = register(&links, Some(id), outbound)
+    {
+        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+    }
+    // Closing one side leaves the other open until the copy ends; shut both down together.
+    if let Some(sockets) = links.lock().unwrap().live.remove(&id) {
+        for socket in sockets {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+}
