@@ -60,15 +60,19 @@ pub enum PeerError {
 pub struct Peers {
     token: Arc<str>,
     tls: Option<ClientTlsConfig>,
+    /// The address peer connections are made from: the peer service's own,
+    /// so that other members see this one at one address.
+    source: Option<std::net::IpAddr>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
 }
 
 impl Peers {
-    /// Peers reached with `token` (and TLS, when configured).
-    pub fn new(token: &str, tls: Option<ClientTlsConfig>) -> Self {
+    /// Peers reached with `token` (and TLS, when configured) from `source`.
+    pub fn new(token: &str, tls: Option<ClientTlsConfig>, source: Option<std::net::IpAddr>) -> Self {
         Peers {
             token: token.into(),
             tls,
+            source,
             channels: Arc::default(),
         }
     }
@@ -85,7 +89,8 @@ impl Peers {
         let mut endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .local_address(self.source);
         if let Some(tls) = &self.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())

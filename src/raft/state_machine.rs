@@ -98,7 +98,7 @@ impl<B: Backend> StateMachine<B> {
             .await?;
         target.set_replication_mark(&mark.encode()).await?;
         target.commit().await?;
-        self.store.republish().await
+        self.store.reload().await
     }
 }
 

@@ -241,8 +241,8 @@ impl<B: Backend> Store<B> {
 
     /// Publishes to watchers (and to `revisions`) whatever the database holds
     /// beyond what was published, after its contents were replaced wholesale.
-    pub async fn republish(&self) -> anyhow::Result<()> {
-        self.publisher.poll().await
+    pub async fn reload(&self) -> anyhow::Result<()> {
+        self.publisher.replaced().await
     }
 
     /// The counters as of the last commit.

@@ -74,6 +74,20 @@ impl<B: Backend> Publisher<B> {
         Ok(())
     }
 
+    /// Publishes what the database holds after its contents were replaced
+    /// wholesale (a replicated-mode snapshot): revisions the new contents
+    /// compacted away count as seen, without events.
+    pub async fn replaced(&self) -> anyhow::Result<()> {
+        let _order = self.order.lock().await;
+        let revisions = self.backend.read().await?.revisions().await?;
+        if self.hub.latest() < revisions.compact {
+            self.hub.publish(Vec::new(), revisions.compact);
+        }
+        self.fill(revisions.current).await?;
+        self.advance(revisions);
+        Ok(())
+    }
+
     /// Publishes the log's revisions after the hub's latest, through `through`.
     async fn fill(&self, through: i64) -> anyhow::Result<()> {
         while self.hub.latest() < through {

@@ -2,12 +2,16 @@
 //! forwards connections to a target until `cut()`, which kills every live connection and
 //! closes new ones at once, until `heal()`.
 //!
+//! `block(ip)` cuts only the connections coming from one source address: cluster nodes
+//! that send from addresses of their own (127.0.0.x) can so be partitioned one from
+//! another.
+//!
 //! `cut()` shuts the sockets down synchronously (through duplicated file descriptors), so
 //! the link is down when it returns, whatever the runtime is doing: on a current-thread
 //! runtime the forwarding tasks only run when the test awaits.
 
-use std::collections::HashMap;
-use std::net::{Shutdown, SocketAddr};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -26,12 +30,29 @@ struct Links {
     cut: bool,
     next_id: u64,
     live: HashMap<u64, Vec<std::net::TcpStream>>,
+    /// Source addresses whose connections are refused, and each live connection's source.
+    blocked: HashSet<IpAddr>,
+    sources: HashMap<u64, IpAddr>,
 }
 
 impl Links {
     fn kill_all(&mut self) {
         for socket in self.live.drain().flat_map(|(_, s)| s) {
             let _ = socket.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn kill_from(&mut self, source: IpAddr) {
+        let ids: Vec<u64> = self
+            .sources
+            .iter()
+            .filter(|(_, ip)| **ip == source)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            for socket in self.live.remove(&id).unwrap_or_default() {
+                let _ = socket.shutdown(Shutdown::Both);
+            }
         }
     }
 }
@@ -69,6 +90,19 @@ impl FaultProxy {
         self.links.lock().unwrap().cut = false;
     }
 
+    /// Drops the live connections from `source` now and closes its new ones until
+    /// `unblock(source)`.
+    pub fn block(&self, source: IpAddr) {
+        let mut links = self.links.lock().unwrap();
+        links.blocked.insert(source);
+        links.kill_from(source);
+    }
+
+    /// Forwards new connections from `source` again.
+    pub fn unblock(&self, source: IpAddr) {
+        self.links.lock().unwrap().blocked.remove(&source);
+    }
+
     /// True between `cut()` and `heal()`.
     pub fn is_cut(&self) -> bool {
         self.links.lock().unwrap().cut
@@ -84,31 +118,37 @@ impl Drop for FaultProxy {
 
 async fn accept_loop(listener: TcpListener, target: SocketAddr, links: Arc<Mutex<Links>>) {
     loop {
-        let Ok((inbound, _)) = listener.accept().await else {
+        let Ok((inbound, source)) = listener.accept().await else {
             // Out of file descriptors or similar: retry without spinning.
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
-        let Some((inbound, id)) = register(&links, None, inbound) else {
+        let Some((inbound, id)) = register(&links, None, source.ip(), inbound) else {
             continue; // cut: dropping the socket closes it
         };
-        tokio::spawn(forward(inbound, id, target, links.clone()));
+        tokio::spawn(forward(inbound, id, source.ip(), target, links.clone()));
     }
 }
 
 /// Keeps a duplicate of `socket` under connection `id` (a new id when `None`), unless the
 /// link is cut or that connection was killed meanwhile; then the socket is dropped.
-fn register(links: &Mutex<Links>, id: Option<u64>, socket: TcpStream) -> Option<(TcpStream, u64)> {
+fn register(
+    links: &Mutex<Links>,
+    id: Option<u64>,
+    source: IpAddr,
+    socket: TcpStream,
+) -> Option<(TcpStream, u64)> {
     let socket = socket.into_std().ok()?;
     let dup = socket.try_clone().ok()?;
     let mut links = links.lock().unwrap();
-    if links.cut {
+    if links.cut || links.blocked.contains(&source) {
         return None;
     }
     let id = id.unwrap_or_else(|| {
         links.next_id += 1;
         let id = links.next_id;
         links.live.insert(id, Vec::new());
+        links.sources.insert(id, source);
         id
     });
     links.live.get_mut(&id)?.push(dup);
@@ -116,14 +156,22 @@ fn register(links: &Mutex<Links>, id: Option<u64>, socket: TcpStream) -> Option<
     Some((TcpStream::from_std(socket).ok()?, id))
 }
 
-async fn forward(mut inbound: TcpStream, id: u64, target: SocketAddr, links: Arc<Mutex<Links>>) {
+async fn forward(
+    mut inbound: TcpStream,
+    id: u64,
+    source: IpAddr,
+    target: SocketAddr,
+    links: Arc<Mutex<Links>>,
+) {
     if let Ok(outbound) = TcpStream::connect(target).await
-        && let Some((mut outbound, _)) = register(&links, Some(id), outbound)
+        && let Some((mut outbound, _)) = register(&links, Some(id), source, outbound)
     {
         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
     }
     // Closing one side leaves the other open until the copy ends; shut both down together.
-    if let Some(sockets) = links.lock().unwrap().live.remove(&id) {
+    let mut links = links.lock().unwrap();
+    links.sources.remove(&id);
+    if let Some(sockets) = links.live.remove(&id) {
         for socket in sockets {
             let _ = socket.shutdown(Shutdown::Both);
         }

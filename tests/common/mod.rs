@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod cluster;
 pub mod datastore;
 pub mod fault_proxy;
 pub mod linearizability;

@@ -1,0 +1,381 @@
+//! Replicated mode: three cetera members on Raft (`common::cluster`).
+//!
+//! - every member serves reads and writes, with one history and one set of
+//!   revisions, member list and status as etcd reports them;
+//! - kill -9 of the leader under load: a new leader within 2 s, clients that
+//!   know every endpoint carry on, and the history they saw is linearizable;
+//! - a member cut off from the others refuses writes and linearizable reads,
+//!   and catches up once the cut heals; the same for a cut-off leader, under
+//!   load, with the history checked;
+//! - a single-node datastore becomes a cluster's founder in place and keeps
+//!   its keys and revisions; a member's datastore serves alone again.
+//!
+//! These run on SQLite only: replicated mode keeps its data there.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, status};
+use common::linearizability::{self, History, Input, Output};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+
+async fn client(endpoints: &[String]) -> Client {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_timeout(Duration::from_secs(8));
+    Client::connect(endpoints, Some(options))
+        .await
+        .expect("connect")
+}
+
+async fn member_client(cluster: &Cluster, i: usize) -> Client {
+    client(&[cluster.members[i].endpoint()]).await
+}
+
+/// The keys under `prefix` as (key, value, create, mod, version), read from
+/// member `i` (serializable: what that member has applied).
+async fn keys_on(cluster: &Cluster, i: usize, prefix: &str) -> Vec<(String, String, i64, i64, i64)> {
+    let mut c = member_client(cluster, i).await;
+    let resp = c
+        .get(prefix, Some(GetOptions::new().with_prefix().with_serializable()))
+        .await
+        .expect("serializable get");
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+            )
+        })
+        .collect()
+}
+
+/// Key-values as (key, value, create, mod, version, lease).
+fn shown(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, Vec<u8>, i64, i64, i64, i64)> {
+    kvs.iter()
+        .map(|kv| {
+            let (k, v) = (kv.key().to_vec(), kv.value().to_vec());
+            (k, v, kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_agree() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+
+    // A write through each member in turn: one revision sequence.
+    for i in 0..3 {
+        let mut c = member_client(&cluster, i).await;
+        let put = c.put(format!("k{i}"), format!("v{i}"), None).await.unwrap();
+        assert_eq!(put.header().unwrap().revision(), 2 + i as i64, "put via member {i}");
+        // Read-your-write on the same member, linearizable and serializable.
+        let got = c.get(format!("k{i}"), None).await.unwrap();
+        assert_eq!(got.kvs()[0].value_str().unwrap(), format!("v{i}"));
+        let local = c
+            .get(format!("k{i}"), Some(GetOptions::new().with_serializable()))
+            .await
+            .unwrap();
+        assert_eq!(local.kvs().len(), 1, "member {i} applied its own write before answering");
+    }
+    // Every member: the same keys, revisions and header ids.
+    let mut cluster_ids = Vec::new();
+    let mut member_ids = Vec::new();
+    for i in 0..3 {
+        let mut c = member_client(&cluster, i).await;
+        let resp = c.get("k", Some(GetOptions::new().with_prefix())).await.unwrap();
+        let header = resp.header().unwrap();
+        assert_eq!(header.revision(), 4, "member {i}");
+        cluster_ids.push(header.cluster_id());
+        member_ids.push(header.member_id());
+        let revisions: Vec<i64> = resp.kvs().iter().map(|kv| kv.mod_revision()).collect();
+        assert_eq!(revisions, vec![2, 3, 4], "member {i}");
+    }
+    assert!(cluster_ids.iter().all(|id| *id == cluster_ids[0] && *id != 0));
+    member_ids.sort();
+    member_ids.dedup();
+    assert_eq!(member_ids.len(), 3, "each member has its own id");
+
+    // MemberList: every member, a voter, with its URLs; Status agrees on the leader.
+    let mut c = member_client(&cluster, 1).await;
+    let list = c.member_list().await.unwrap();
+    assert_eq!(list.members().len(), 3);
+    for (i, member) in cluster.members.iter().enumerate() {
+        let listed = list
+            .members()
+            .iter()
+            .find(|m| m.name() == format!("member-{i}"))
+            .unwrap_or_else(|| panic!("member-{i} listed: {:?}", list.members()));
+        assert!(!listed.is_learner());
+        assert_eq!(listed.client_urls(), [member.endpoint()]);
+        assert_eq!(listed.peer_urls().len(), 1);
+    }
+    let leader_id = status(&cluster.members[leader].endpoint()).await.unwrap().header.unwrap().member_id;
+    for member in &cluster.members {
+        let s = status(&member.endpoint()).await.unwrap();
+        assert_eq!(s.leader, leader_id);
+        assert!(s.raft_term >= 1);
+        assert!(s.raft_applied_index >= 4, "{s:?}");
+        assert_eq!(s.header.unwrap().raft_term, s.raft_term);
+    }
+
+    // A watch on one member sees writes made through another.
+    let mut watching = member_client(&cluster, 2).await;
+    let mut events = watching
+        .watch("w", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    member_client(&cluster, 0).await.put("w1", "x", None).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let resp = events.message().await.unwrap().unwrap();
+            if let Some(event) = resp.events().first() {
+                return (event.event_type(), event.kv().unwrap().mod_revision());
+            }
+        }
+    })
+    .await
+    .expect("the watch on member 2 saw the put on member 0");
+    assert_eq!(event, (EventType::Put, 5));
+
+    // Leases: granted on one member, used on another, revoked on a third.
+    let lease = member_client(&cluster, 2).await.lease_grant(60, None).await.unwrap();
+    member_client(&cluster, 0)
+        .await
+        .put("leased", "v", Some(PutOptions::new().with_lease(lease.id())))
+        .await
+        .unwrap();
+    let ttl = member_client(&cluster, 1)
+        .await
+        .lease_time_to_live(lease.id(), None)
+        .await
+        .unwrap();
+    assert_eq!(ttl.granted_ttl(), 60);
+    member_client(&cluster, 1).await.lease_revoke(lease.id()).await.unwrap();
+    for i in 0..3 {
+        let got = member_client(&cluster, i).await.get("leased", None).await.unwrap();
+        assert!(got.kvs().is_empty(), "member {i} still has the revoked lease's key");
+    }
+}
+
+/// Keys the load works on: few, so that clients contend.
+const LOAD_KEYS: [&str; 3] = ["r0", "r1", "r2"];
+
+/// Runs `clients` clients (each knowing every endpoint) doing puts, gets and
+/// compare-and-swaps until `stop`, recording what they saw; counts the
+/// operations that succeeded.
+fn start_load(
+    endpoints: Vec<String>,
+    clients: u64,
+    history: History,
+    stop: Arc<AtomicBool>,
+    succeeded: Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..clients)
+        .map(|id| {
+            let (endpoints, history, stop, succeeded) =
+                (endpoints.clone(), history.clone(), stop.clone(), succeeded.clone());
+            tokio::spawn(async move {
+                let mut c = client(&endpoints).await;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let key = LOAD_KEYS[(n as usize + id as usize) % LOAD_KEYS.len()];
+                    let value = format!("c{id}-{n}");
+                    let ok = match n % 3 {
+                        0 => {
+                            let op = history.call(id, Input::put(key, value.clone()));
+                            match c.put(key, value, None).await {
+                                Ok(_) => history.ret(op, Output::Ok),
+                                Err(_) => history.fail(op),
+                            }
+                        }
+                        1 => {
+                            let op = history.call(id, Input::get(key));
+                            match c.get(key, None).await {
+                                Ok(r) => history.ret(
+                                    op,
+                                    Output::Value(r.kvs().first().map(|kv| kv.value().to_vec())),
+                                ),
+                                Err(_) => history.fail(op),
+                            }
+                        }
+                        _ => {
+                            // CAS from what this client last saw the key hold.
+                            let seen = c.get(key, Some(GetOptions::new().with_serializable())).await;
+                            let Ok(seen) = seen else { continue };
+                            let expected = seen.kvs().first().map(|kv| kv.value_str().unwrap().to_string());
+                            let compare = match &expected {
+                                Some(v) => Compare::value(key, CompareOp::Equal, v.as_str()),
+                                None => Compare::create_revision(key, CompareOp::Equal, 0),
+                            };
+                            let op = history.call(id, Input::cas(key, expected.as_deref(), value.clone()));
+                            let txn = Txn::new().when([compare]).and_then([TxnOp::put(key, value, None)]);
+                            match c.txn(txn).await {
+                                Ok(r) => history.ret(op, Output::Swapped(r.succeeded())),
+                                Err(_) => history.fail(op),
+                            }
+                        }
+                    };
+                    let _: () = ok;
+                    succeeded.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect()
+}
+
+/// Stops the load and checks its history.
+async fn finish_load(stop: &AtomicBool, load: Vec<tokio::task::JoinHandle<()>>, history: &History) {
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+    if let Err(report) = linearizability::check(history) {
+        panic!("the history is not linearizable: {report}");
+    }
+}
+
+/// Waits until member `i` has the same keys as member `j` (what it applied).
+async fn converges(cluster: &Cluster, i: usize, j: usize, prefix: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (a, b) = (keys_on(cluster, i, prefix).await, keys_on(cluster, j, prefix).await);
+        if a == b {
+            return;
+        }
+        assert!(Instant::now() < deadline, "member {i} never caught up with member {j}:\n{a:?}\n{b:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_under_load() {
+    let mut cluster = Cluster::start(3).await;
+    let history = History::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let succeeded = Arc::new(AtomicUsize::new(0));
+    let load = start_load(cluster.endpoints(), 4, history.clone(), stop.clone(), succeeded.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    cluster.members[leader].kill();
+    let killed = Instant::now();
+    let new_leader = cluster.leader(&[leader], Duration::from_secs(10)).await;
+    let failover = killed.elapsed();
+    assert_ne!(new_leader, leader);
+    assert!(failover < Duration::from_secs(2), "a new leader took {failover:?}");
+
+    let before = succeeded.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = succeeded.load(Ordering::Relaxed);
+    assert!(after > before + 20, "clients did not carry on: {before} -> {after} operations");
+    finish_load(&stop, load, &history).await;
+
+    // The killed leader comes back and catches up.
+    cluster.members[leader].restart().await;
+    converges(&cluster, leader, new_leader, "r").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_members_refuse_writes_then_catch_up() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+
+    // A follower cut off: it refuses writes and linearizable reads; the rest go on.
+    cluster.isolate(follower);
+    let mut cut = member_client(&cluster, follower).await;
+    let refused = cut.put("p", "minority", None).await;
+    assert!(refused.is_err(), "a cut-off follower accepted a write: {refused:?}");
+    assert!(cut.get("p", None).await.is_err(), "a cut-off follower served a linearizable read");
+    member_client(&cluster, leader).await.put("p", "majority", None).await.unwrap();
+    cluster.heal(follower);
+    let got = cut.get("p", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value_str().unwrap(), "majority");
+    converges(&cluster, follower, leader, "p").await;
+
+    // The leader cut off, under load: the others elect a leader and go on.
+    let history = History::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let succeeded = Arc::new(AtomicUsize::new(0));
+    let load = start_load(cluster.endpoints(), 4, history.clone(), stop.clone(), succeeded.clone());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.isolate(leader);
+    let new_leader = cluster.leader(&[leader], Duration::from_secs(10)).await;
+    assert_ne!(new_leader, leader);
+    let mut old = member_client(&cluster, leader).await;
+    assert!(old.put("q", "cut-off leader", None).await.is_err(), "a cut-off leader accepted a write");
+    // Clients whose requests went to the cut-off leader wait for them to time
+    // out, as with etcd; the majority serves the others.
+    let mut majority = member_client(&cluster, new_leader).await;
+    majority.put("q-majority", "v", None).await.unwrap();
+    cluster.heal(leader);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    finish_load(&stop, load, &history).await;
+    converges(&cluster, leader, new_leader, "r").await;
+    assert!(old.get("q", None).await.unwrap().kvs().is_empty(), "the cut-off leader's write was applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_becomes_a_cluster_and_back() {
+    // A single node with history: overwrites, a delete, a lease, a compaction.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("single.db");
+    let mut single = common::Cetera::start_on(&format!("sqlite://{}", data.display())).await;
+    let mut c = client(&[single.endpoint()]).await;
+    for i in 0..20 {
+        c.put(format!("s{}", i % 7), format!("v{i}"), None).await.unwrap();
+    }
+    c.delete("s3", None).await.unwrap();
+    let lease = c.lease_grant(600, None).await.unwrap();
+    c.put("s-leased", "x", Some(PutOptions::new().with_lease(lease.id()))).await.unwrap();
+    c.compact(5, None).await.unwrap();
+    let before = c.get("s", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let revision = before.header().unwrap().revision();
+    let old = c.get("s1", Some(GetOptions::new().with_revision(10))).await.unwrap();
+    single.terminate(Duration::from_secs(10));
+
+    // Converted in place, with two members joining.
+    let mut cluster = Cluster::start_from(3, Some(&data)).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    for i in 0..3 {
+        let mut c = member_client(&cluster, i).await;
+        let now = c.get("s", Some(GetOptions::new().with_prefix())).await.unwrap();
+        assert_eq!(now.header().unwrap().revision(), revision, "member {i}");
+        assert_eq!(shown(now.kvs()), shown(before.kvs()), "member {i}");
+        let then = c.get("s1", Some(GetOptions::new().with_revision(10))).await.unwrap();
+        assert_eq!(shown(then.kvs()), shown(old.kvs()), "member {i} at revision 10");
+        let ttl = c.lease_time_to_live(lease.id(), None).await.unwrap();
+        assert_eq!(ttl.granted_ttl(), 600, "member {i} knows the lease");
+    }
+    let put = member_client(&cluster, 2).await.put("s-new", "c", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), revision + 1);
+    for i in 0..3 {
+        converges(&cluster, i, leader, "s").await;
+    }
+
+    // A member's datastore serves alone again, with everything.
+    for member in &mut cluster.members {
+        member.stop();
+    }
+    cluster.members[1].restart_alone().await;
+    let mut alone = member_client(&cluster, 1).await;
+    let got = alone.get("s-new", None).await.unwrap();
+    assert_eq!(got.kvs()[0].mod_revision(), revision + 1);
+    let put = alone.put("s-alone", "d", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), revision + 2);
+    let members = alone.member_list().await.unwrap();
+    assert_eq!(members.members().len(), 1);
+}

@@ -1,0 +1,264 @@
+//! A replicated cetera cluster for tests: N members on one SQLite file each,
+//! the first founding the cluster (`--cluster-init`), the others joining it.
+//! Member i serves peers on 127.0.0.(i+1) and sends from that address, and
+//! other members reach it through a `FaultProxy`, so that a test can cut one
+//! member off from the rest (`isolate`) and heal the cut.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cetera::proto::etcdserverpb::StatusRequest;
+use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use tempfile::TempDir;
+
+use super::fault_proxy::FaultProxy;
+use super::{Proc, fail_startup, free_port};
+
+/// The cluster token of test clusters.
+pub const TOKEN: &str = "test-cluster-token";
+
+/// One member.
+pub struct Member {
+    proc: Option<Proc>,
+    /// Its client port on 127.0.0.1.
+    pub port: u16,
+    peer: SocketAddr,
+    proxy: FaultProxy,
+    dir: PathBuf,
+    datastore: PathBuf,
+    args: Vec<String>,
+    runs: usize,
+}
+
+impl Member {
+    /// `127.0.0.1:PORT` of its etcd API.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// Its SQLite datastore.
+    pub fn datastore(&self) -> PathBuf {
+        self.datastore.clone()
+    }
+
+    /// Whether its process runs.
+    pub fn is_running(&self) -> bool {
+        self.proc.is_some()
+    }
+
+    /// What it printed in its current run.
+    pub fn log(&self) -> String {
+        self.proc.as_ref().map(Proc::log_text).unwrap_or_default()
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+    }
+
+    /// SIGTERM, waiting for the exit.
+    pub fn stop(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.terminate(Duration::from_secs(10));
+            proc.kill();
+        }
+    }
+
+    async fn launch(&mut self) {
+        let mut args = vec![
+            "--listen-address".to_string(),
+            self.addr(),
+            "--endpoint".to_string(),
+            self.datastore().display().to_string(),
+        ];
+        args.extend(self.args.iter().cloned());
+        self.runs += 1;
+        let log = self.dir.join(format!("cetera-{}.log", self.runs));
+        let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
+        if let Err((_, message)) = proc.wait_ready(self.port, "cetera member", None).await {
+            proc.kill();
+            fail_startup(&format!("{message} (args: {args:?})"), &proc.log);
+        }
+        self.proc = Some(proc);
+    }
+
+    /// Starts it again with the flags it was first started with.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.launch().await;
+    }
+
+    /// Starts it again as a single node on its datastore, without cluster flags.
+    pub async fn restart_alone(&mut self) {
+        self.kill();
+        self.args.clear();
+        self.launch().await;
+    }
+}
+
+/// Members of one cluster; killed when dropped.
+pub struct Cluster {
+    /// The members, founder first.
+    pub members: Vec<Member>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts an `n`-member cluster and waits until every member serves.
+    pub async fn start(n: usize) -> Cluster {
+        Cluster::start_from(n, None).await
+    }
+
+    /// Starts an `n`-member cluster whose founder converts the single-node
+    /// SQLite datastore `founder_data` in place.
+    pub async fn start_from(n: usize, founder_data: Option<&Path>) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("cetera-cluster-")
+            .tempdir()
+            .expect("create tempdir");
+        let mut cluster = Cluster {
+            members: Vec::new(),
+            _dir: dir,
+        };
+        for i in 0..n {
+            let member_dir = cluster._dir.path().join(format!("member-{i}"));
+            std::fs::create_dir_all(&member_dir).expect("member dir");
+            let datastore = match founder_data {
+                Some(data) if i == 0 => data.to_path_buf(),
+                _ => member_dir.join("state.db"),
+            };
+            let ip = member_ip(i);
+            let peer = SocketAddr::new(ip, free_port_on(ip));
+            let proxy = FaultProxy::start(peer);
+            let mut args = vec![
+                "--name".to_string(),
+                format!("member-{i}"),
+                "--token".to_string(),
+                TOKEN.to_string(),
+                "--peer-listen-address".to_string(),
+                peer.to_string(),
+                "--advertise-peer-url".to_string(),
+                format!("http://{}", proxy.addr()),
+            ];
+            match cluster.members.first() {
+                None => args.push("--cluster-init".to_string()),
+                Some(founder) => {
+                    args.push("--join".to_string());
+                    args.push(format!("http://{}", founder.proxy.addr()));
+                }
+            }
+            let mut member = Member {
+                proc: None,
+                port: free_port(),
+                peer,
+                proxy,
+                dir: member_dir,
+                datastore,
+                args,
+                runs: 0,
+            };
+            member.launch().await;
+            cluster.members.push(member);
+        }
+        cluster
+    }
+
+    /// Client endpoints of the running members.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|m| m.is_running())
+            .map(Member::endpoint)
+            .collect()
+    }
+
+    /// The member every running member (but those in `except`) names as
+    /// leader, once they agree; panics after `timeout`.
+    pub async fn leader(&self, except: &[usize], timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.agreed_leader(except).await {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the members agreed on no leader within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn agreed_leader(&self, except: &[usize]) -> Option<usize> {
+        let mut named = None;
+        let mut ids = Vec::new();
+        for (i, member) in self.members.iter().enumerate() {
+            if !member.is_running() || except.contains(&i) {
+                continue;
+            }
+            let status = status(&member.endpoint()).await?;
+            ids.push((i, status.header.map_or(0, |h| h.member_id)));
+            if status.leader == 0 || named.is_some_and(|l| l != status.leader) {
+                return None;
+            }
+            named = Some(status.leader);
+        }
+        let leader = named?;
+        ids.iter().find(|(_, id)| *id == leader).map(|(i, _)| *i)
+    }
+
+    /// Cuts member `i` off from the others, both ways (its client port stays up).
+    pub fn isolate(&self, i: usize) {
+        self.members[i].proxy.cut();
+        for (j, other) in self.members.iter().enumerate() {
+            if j != i {
+                other.proxy.block(member_ip(i));
+            }
+        }
+    }
+
+    /// Undoes `isolate(i)`.
+    pub fn heal(&self, i: usize) {
+        self.members[i].proxy.heal();
+        for (j, other) in self.members.iter().enumerate() {
+            if j != i {
+                other.proxy.unblock(member_ip(i));
+            }
+        }
+    }
+}
+
+/// The address member `i` serves peers on and sends from.
+fn member_ip(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, i as u8 + 1))
+}
+
+fn free_port_on(ip: IpAddr) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("bind {ip}:0: {e}"))
+}
+
+/// Maintenance Status of the server at `endpoint`, if it answers within 1 s.
+pub async fn status(endpoint: &str) -> Option<cetera::proto::etcdserverpb::StatusResponse> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .ok()?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .ok()?;
+    MaintenanceClient::new(channel)
+        .status(StatusRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
