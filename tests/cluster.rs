@@ -38,34 +38,31 @@ async fn member_client(cluster: &Cluster, i: usize) -> Client {
     client(&[cluster.members[i].endpoint()]).await
 }
 
-/// The keys under `prefix` as (key, value, create, mod, version), read from
-/// member `i` (serializable: what that member has applied).
-async fn keys_on(cluster: &Cluster, i: usize, prefix: &str) -> Vec<(String, String, i64, i64, i64)> {
+/// The keys under `prefix` with every field, read from member `i`
+/// (serializable: what that member has applied).
+async fn keys_on(cluster: &Cluster, i: usize, prefix: &str) -> Vec<String> {
     let mut c = member_client(cluster, i).await;
+    let options = GetOptions::new().with_prefix().with_serializable();
     let resp = c
-        .get(prefix, Some(GetOptions::new().with_prefix().with_serializable()))
+        .get(prefix, Some(options))
         .await
         .expect("serializable get");
-    resp.kvs()
-        .iter()
+    shown(resp.kvs())
+}
+
+/// Key-values shown with every field: key, value, create, mod, version, lease.
+fn shown(kvs: &[etcd_client::KeyValue]) -> Vec<String> {
+    kvs.iter()
         .map(|kv| {
-            (
-                kv.key_str().unwrap().to_string(),
-                kv.value_str().unwrap().to_string(),
+            format!(
+                "{:?}={:?} c{} m{} v{} l{}",
+                kv.key_str(),
+                kv.value_str(),
                 kv.create_revision(),
                 kv.mod_revision(),
                 kv.version(),
+                kv.lease()
             )
-        })
-        .collect()
-}
-
-/// Key-values as (key, value, create, mod, version, lease).
-fn shown(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, Vec<u8>, i64, i64, i64, i64)> {
-    kvs.iter()
-        .map(|kv| {
-            let (k, v) = (kv.key().to_vec(), kv.value().to_vec());
-            (k, v, kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease())
         })
         .collect()
 }
@@ -79,7 +76,11 @@ async fn three_members_agree() {
     for i in 0..3 {
         let mut c = member_client(&cluster, i).await;
         let put = c.put(format!("k{i}"), format!("v{i}"), None).await.unwrap();
-        assert_eq!(put.header().unwrap().revision(), 2 + i as i64, "put via member {i}");
+        assert_eq!(
+            put.header().unwrap().revision(),
+            2 + i as i64,
+            "put via member {i}"
+        );
         // Read-your-write on the same member, linearizable and serializable.
         let got = c.get(format!("k{i}"), None).await.unwrap();
         assert_eq!(got.kvs()[0].value_str().unwrap(), format!("v{i}"));
@@ -87,14 +88,21 @@ async fn three_members_agree() {
             .get(format!("k{i}"), Some(GetOptions::new().with_serializable()))
             .await
             .unwrap();
-        assert_eq!(local.kvs().len(), 1, "member {i} applied its own write before answering");
+        assert_eq!(
+            local.kvs().len(),
+            1,
+            "member {i} applied its own write before answering"
+        );
     }
     // Every member: the same keys, revisions and header ids.
     let mut cluster_ids = Vec::new();
     let mut member_ids = Vec::new();
     for i in 0..3 {
         let mut c = member_client(&cluster, i).await;
-        let resp = c.get("k", Some(GetOptions::new().with_prefix())).await.unwrap();
+        let resp = c
+            .get("k", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
         let header = resp.header().unwrap();
         assert_eq!(header.revision(), 4, "member {i}");
         cluster_ids.push(header.cluster_id());
@@ -102,7 +110,11 @@ async fn three_members_agree() {
         let revisions: Vec<i64> = resp.kvs().iter().map(|kv| kv.mod_revision()).collect();
         assert_eq!(revisions, vec![2, 3, 4], "member {i}");
     }
-    assert!(cluster_ids.iter().all(|id| *id == cluster_ids[0] && *id != 0));
+    assert!(
+        cluster_ids
+            .iter()
+            .all(|id| *id == cluster_ids[0] && *id != 0)
+    );
     member_ids.sort();
     member_ids.dedup();
     assert_eq!(member_ids.len(), 3, "each member has its own id");
@@ -121,7 +133,12 @@ async fn three_members_agree() {
         assert_eq!(listed.client_urls(), [member.endpoint()]);
         assert_eq!(listed.peer_urls().len(), 1);
     }
-    let leader_id = status(&cluster.members[leader].endpoint()).await.unwrap().header.unwrap().member_id;
+    let leader_id = status(&cluster.members[leader].endpoint())
+        .await
+        .unwrap()
+        .header
+        .unwrap()
+        .member_id;
     for member in &cluster.members {
         let s = status(&member.endpoint()).await.unwrap();
         assert_eq!(s.leader, leader_id);
@@ -136,7 +153,11 @@ async fn three_members_agree() {
         .watch("w", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
-    member_client(&cluster, 0).await.put("w1", "x", None).await.unwrap();
+    member_client(&cluster, 0)
+        .await
+        .put("w1", "x", None)
+        .await
+        .unwrap();
     let event = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             let resp = events.message().await.unwrap().unwrap();
@@ -150,10 +171,18 @@ async fn three_members_agree() {
     assert_eq!(event, (EventType::Put, 5));
 
     // Leases: granted on one member, used on another, revoked on a third.
-    let lease = member_client(&cluster, 2).await.lease_grant(60, None).await.unwrap();
+    let lease = member_client(&cluster, 2)
+        .await
+        .lease_grant(60, None)
+        .await
+        .unwrap();
     member_client(&cluster, 0)
         .await
-        .put("leased", "v", Some(PutOptions::new().with_lease(lease.id())))
+        .put(
+            "leased",
+            "v",
+            Some(PutOptions::new().with_lease(lease.id())),
+        )
         .await
         .unwrap();
     let ttl = member_client(&cluster, 1)
@@ -162,10 +191,21 @@ async fn three_members_agree() {
         .await
         .unwrap();
     assert_eq!(ttl.granted_ttl(), 60);
-    member_client(&cluster, 1).await.lease_revoke(lease.id()).await.unwrap();
+    member_client(&cluster, 1)
+        .await
+        .lease_revoke(lease.id())
+        .await
+        .unwrap();
     for i in 0..3 {
-        let got = member_client(&cluster, i).await.get("leased", None).await.unwrap();
-        assert!(got.kvs().is_empty(), "member {i} still has the revoked lease's key");
+        let got = member_client(&cluster, i)
+            .await
+            .get("leased", None)
+            .await
+            .unwrap();
+        assert!(
+            got.kvs().is_empty(),
+            "member {i} still has the revoked lease's key"
+        );
     }
 }
 
@@ -173,8 +213,8 @@ async fn three_members_agree() {
 const LOAD_KEYS: [&str; 3] = ["r0", "r1", "r2"];
 
 /// Runs `clients` clients (each knowing every endpoint) doing puts, gets and
-/// compare-and-swaps until `stop`, recording what they saw; counts the
-/// operations that succeeded.
+/// compare-and-swaps until `stop`, recording what they saw in `history`;
+/// counts the operations that succeeded in `succeeded`.
 fn start_load(
     endpoints: Vec<String>,
     clients: u64,
@@ -184,8 +224,12 @@ fn start_load(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     (0..clients)
         .map(|id| {
-            let (endpoints, history, stop, succeeded) =
-                (endpoints.clone(), history.clone(), stop.clone(), succeeded.clone());
+            let (endpoints, history, stop, succeeded) = (
+                endpoints.clone(),
+                history.clone(),
+                stop.clone(),
+                succeeded.clone(),
+            );
             tokio::spawn(async move {
                 let mut c = client(&endpoints).await;
                 let mut n = 0u64;
@@ -196,40 +240,55 @@ fn start_load(
                     let ok = match n % 3 {
                         0 => {
                             let op = history.call(id, Input::put(key, value.clone()));
-                            match c.put(key, value, None).await {
+                            let result = c.put(key, value, None).await;
+                            match &result {
                                 Ok(_) => history.ret(op, Output::Ok),
                                 Err(_) => history.fail(op),
                             }
+                            result.is_ok()
                         }
                         1 => {
                             let op = history.call(id, Input::get(key));
-                            match c.get(key, None).await {
-                                Ok(r) => history.ret(
-                                    op,
-                                    Output::Value(r.kvs().first().map(|kv| kv.value().to_vec())),
-                                ),
+                            let result = c.get(key, None).await;
+                            match &result {
+                                Ok(r) => {
+                                    let value = r.kvs().first().map(|kv| kv.value().to_vec());
+                                    history.ret(op, Output::Value(value))
+                                }
                                 Err(_) => history.fail(op),
                             }
+                            result.is_ok()
                         }
                         _ => {
                             // CAS from what this client last saw the key hold.
-                            let seen = c.get(key, Some(GetOptions::new().with_serializable())).await;
-                            let Ok(seen) = seen else { continue };
-                            let expected = seen.kvs().first().map(|kv| kv.value_str().unwrap().to_string());
+                            let options = GetOptions::new().with_serializable();
+                            let Ok(seen) = c.get(key, Some(options)).await else {
+                                continue;
+                            };
+                            let expected = seen
+                                .kvs()
+                                .first()
+                                .map(|kv| kv.value_str().unwrap().to_string());
                             let compare = match &expected {
                                 Some(v) => Compare::value(key, CompareOp::Equal, v.as_str()),
                                 None => Compare::create_revision(key, CompareOp::Equal, 0),
                             };
-                            let op = history.call(id, Input::cas(key, expected.as_deref(), value.clone()));
-                            let txn = Txn::new().when([compare]).and_then([TxnOp::put(key, value, None)]);
-                            match c.txn(txn).await {
+                            let input = Input::cas(key, expected.as_deref(), value.clone());
+                            let op = history.call(id, input);
+                            let txn = Txn::new()
+                                .when([compare])
+                                .and_then([TxnOp::put(key, value, None)]);
+                            let result = c.txn(txn).await;
+                            match &result {
                                 Ok(r) => history.ret(op, Output::Swapped(r.succeeded())),
                                 Err(_) => history.fail(op),
                             }
+                            result.is_ok()
                         }
                     };
-                    let _: () = ok;
-                    succeeded.fetch_add(1, Ordering::Relaxed);
+                    if ok {
+                        succeeded.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             })
         })
@@ -251,11 +310,17 @@ async fn finish_load(stop: &AtomicBool, load: Vec<tokio::task::JoinHandle<()>>, 
 async fn converges(cluster: &Cluster, i: usize, j: usize, prefix: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (a, b) = (keys_on(cluster, i, prefix).await, keys_on(cluster, j, prefix).await);
+        let (a, b) = (
+            keys_on(cluster, i, prefix).await,
+            keys_on(cluster, j, prefix).await,
+        );
         if a == b {
             return;
         }
-        assert!(Instant::now() < deadline, "member {i} never caught up with member {j}:\n{a:?}\n{b:?}");
+        assert!(
+            Instant::now() < deadline,
+            "member {i} never caught up with member {j}:\n{a:?}\n{b:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -266,7 +331,13 @@ async fn leader_killed_under_load() {
     let history = History::new();
     let stop = Arc::new(AtomicBool::new(false));
     let succeeded = Arc::new(AtomicUsize::new(0));
-    let load = start_load(cluster.endpoints(), 4, history.clone(), stop.clone(), succeeded.clone());
+    let load = start_load(
+        cluster.endpoints(),
+        4,
+        history.clone(),
+        stop.clone(),
+        succeeded.clone(),
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let leader = cluster.leader(&[], Duration::from_secs(5)).await;
@@ -275,12 +346,18 @@ async fn leader_killed_under_load() {
     let new_leader = cluster.leader(&[leader], Duration::from_secs(10)).await;
     let failover = killed.elapsed();
     assert_ne!(new_leader, leader);
-    assert!(failover < Duration::from_secs(2), "a new leader took {failover:?}");
+    assert!(
+        failover < Duration::from_secs(2),
+        "a new leader took {failover:?}"
+    );
 
     let before = succeeded.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = succeeded.load(Ordering::Relaxed);
-    assert!(after > before + 20, "clients did not carry on: {before} -> {after} operations");
+    assert!(
+        after > before + 20,
+        "clients did not carry on: {before} -> {after} operations"
+    );
     finish_load(&stop, load, &history).await;
 
     // The killed leader comes back and catches up.
@@ -298,9 +375,19 @@ async fn cut_off_members_refuse_writes_then_catch_up() {
     cluster.isolate(follower);
     let mut cut = member_client(&cluster, follower).await;
     let refused = cut.put("p", "minority", None).await;
-    assert!(refused.is_err(), "a cut-off follower accepted a write: {refused:?}");
-    assert!(cut.get("p", None).await.is_err(), "a cut-off follower served a linearizable read");
-    member_client(&cluster, leader).await.put("p", "majority", None).await.unwrap();
+    assert!(
+        refused.is_err(),
+        "a cut-off follower accepted a write: {refused:?}"
+    );
+    assert!(
+        cut.get("p", None).await.is_err(),
+        "a cut-off follower served a linearizable read"
+    );
+    member_client(&cluster, leader)
+        .await
+        .put("p", "majority", None)
+        .await
+        .unwrap();
     cluster.heal(follower);
     let got = cut.get("p", None).await.unwrap();
     assert_eq!(got.kvs()[0].value_str().unwrap(), "majority");
@@ -310,13 +397,22 @@ async fn cut_off_members_refuse_writes_then_catch_up() {
     let history = History::new();
     let stop = Arc::new(AtomicBool::new(false));
     let succeeded = Arc::new(AtomicUsize::new(0));
-    let load = start_load(cluster.endpoints(), 4, history.clone(), stop.clone(), succeeded.clone());
+    let load = start_load(
+        cluster.endpoints(),
+        4,
+        history.clone(),
+        stop.clone(),
+        succeeded.clone(),
+    );
     tokio::time::sleep(Duration::from_millis(1000)).await;
     cluster.isolate(leader);
     let new_leader = cluster.leader(&[leader], Duration::from_secs(10)).await;
     assert_ne!(new_leader, leader);
     let mut old = member_client(&cluster, leader).await;
-    assert!(old.put("q", "cut-off leader", None).await.is_err(), "a cut-off leader accepted a write");
+    assert!(
+        old.put("q", "cut-off leader", None).await.is_err(),
+        "a cut-off leader accepted a write"
+    );
     // Clients whose requests went to the cut-off leader wait for them to time
     // out, as with etcd; the majority serves the others.
     let mut majority = member_client(&cluster, new_leader).await;
@@ -325,7 +421,10 @@ async fn cut_off_members_refuse_writes_then_catch_up() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     finish_load(&stop, load, &history).await;
     converges(&cluster, leader, new_leader, "r").await;
-    assert!(old.get("q", None).await.unwrap().kvs().is_empty(), "the cut-off leader's write was applied");
+    assert!(
+        old.get("q", None).await.unwrap().kvs().is_empty(),
+        "the cut-off leader's write was applied"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,15 +435,29 @@ async fn single_node_becomes_a_cluster_and_back() {
     let mut single = common::Cetera::start_on(&format!("sqlite://{}", data.display())).await;
     let mut c = client(&[single.endpoint()]).await;
     for i in 0..20 {
-        c.put(format!("s{}", i % 7), format!("v{i}"), None).await.unwrap();
+        c.put(format!("s{}", i % 7), format!("v{i}"), None)
+            .await
+            .unwrap();
     }
     c.delete("s3", None).await.unwrap();
     let lease = c.lease_grant(600, None).await.unwrap();
-    c.put("s-leased", "x", Some(PutOptions::new().with_lease(lease.id()))).await.unwrap();
+    c.put(
+        "s-leased",
+        "x",
+        Some(PutOptions::new().with_lease(lease.id())),
+    )
+    .await
+    .unwrap();
     c.compact(5, None).await.unwrap();
-    let before = c.get("s", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let before = c
+        .get("s", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
     let revision = before.header().unwrap().revision();
-    let old = c.get("s1", Some(GetOptions::new().with_revision(10))).await.unwrap();
+    let old = c
+        .get("s1", Some(GetOptions::new().with_revision(10)))
+        .await
+        .unwrap();
     single.terminate(Duration::from_secs(10));
 
     // Converted in place, with two members joining.
@@ -352,15 +465,29 @@ async fn single_node_becomes_a_cluster_and_back() {
     let leader = cluster.leader(&[], Duration::from_secs(5)).await;
     for i in 0..3 {
         let mut c = member_client(&cluster, i).await;
-        let now = c.get("s", Some(GetOptions::new().with_prefix())).await.unwrap();
+        let now = c
+            .get("s", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
         assert_eq!(now.header().unwrap().revision(), revision, "member {i}");
         assert_eq!(shown(now.kvs()), shown(before.kvs()), "member {i}");
-        let then = c.get("s1", Some(GetOptions::new().with_revision(10))).await.unwrap();
-        assert_eq!(shown(then.kvs()), shown(old.kvs()), "member {i} at revision 10");
+        let then = c
+            .get("s1", Some(GetOptions::new().with_revision(10)))
+            .await
+            .unwrap();
+        assert_eq!(
+            shown(then.kvs()),
+            shown(old.kvs()),
+            "member {i} at revision 10"
+        );
         let ttl = c.lease_time_to_live(lease.id(), None).await.unwrap();
         assert_eq!(ttl.granted_ttl(), 600, "member {i} knows the lease");
     }
-    let put = member_client(&cluster, 2).await.put("s-new", "c", None).await.unwrap();
+    let put = member_client(&cluster, 2)
+        .await
+        .put("s-new", "c", None)
+        .await
+        .unwrap();
     assert_eq!(put.header().unwrap().revision(), revision + 1);
     for i in 0..3 {
         converges(&cluster, i, leader, "s").await;

@@ -1,6 +1,7 @@
-//! The Cluster service: a single member lists itself. Adding, removing,
-//! updating and promoting members needs the replicated mode and answers
-//! Unimplemented until then.
+//! The Cluster service: a single server lists itself, a member of a
+//! replicated cluster lists the Raft membership. Members join with `--join`;
+//! adding, removing, updating and promoting them through this service
+//! answers Unimplemented for now.
 
 use std::sync::Arc;
 
@@ -27,7 +28,10 @@ impl ClusterService {
 }
 
 fn needs_replication() -> Status {
-    Status::unimplemented("cetera: membership changes need the replicated mode")
+    Status::unimplemented(
+        "cetera: membership changes through the Cluster service are not implemented; \
+         members join a replicated cluster with --join",
+    )
 }
 
 #[tonic::async_trait]

@@ -178,6 +178,12 @@ impl Auth {
         backend: &B,
         f: impl FnOnce(&mut Records) -> Result<Outcome, AuthError>,
     ) -> Result<(), Status> {
+        if self.frozen.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Status::unimplemented(
+                "cetera: users, roles and auth cannot be changed in a replicated cluster yet; \
+                 change them on a single node before it founds the cluster",
+            ));
+        }
         let _changing = self.changing.lock().await;
         let mut txn = backend.write().await.map_err(database_error)?;
         let before = read_state(&mut txn).await.map_err(database_error)?;

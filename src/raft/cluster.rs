@@ -130,7 +130,11 @@ impl Cluster {
         let state_machine =
             StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());
         let listen_ip = options.peer_listen_address.ip();
-        let peers = Peers::new(&token, None, (!listen_ip.is_unspecified()).then_some(listen_ip));
+        let peers = Peers::new(
+            &token,
+            None,
+            (!listen_ip.is_unspecified()).then_some(listen_ip),
+        );
         // A follower that stops hearing from its leader waits the leader's
         // lease (the longest election timeout) plus a random election timeout
         // before it stands: 0.9 to 1.2 s, so that a new leader follows a

@@ -68,7 +68,11 @@ pub struct Peers {
 
 impl Peers {
     /// Peers reached with `token` (and TLS, when configured) from `source`.
-    pub fn new(token: &str, tls: Option<ClientTlsConfig>, source: Option<std::net::IpAddr>) -> Self {
+    pub fn new(
+        token: &str,
+        tls: Option<ClientTlsConfig>,
+        source: Option<std::net::IpAddr>,
+    ) -> Self {
         Peers {
             token: token.into(),
             tls,
