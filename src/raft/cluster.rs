@@ -137,13 +137,13 @@ impl Cluster {
         );
         // A follower that stops hearing from its leader waits the leader's
         // lease (the longest election timeout) plus a random election timeout
-        // before it stands: 0.9 to 1.2 s, so that a new leader follows a
-        // crash within 2 s.
+        // before it stands: 0.75 to 1 s, so that a new leader follows a crash
+        // within 2 s. Heartbeats go 5 times per shortest timeout.
         let config = openraft::Config {
             cluster_name: "cetera".to_string(),
-            heartbeat_interval: 100,
-            election_timeout_min: 300,
-            election_timeout_max: 600,
+            heartbeat_interval: 50,
+            election_timeout_min: 250,
+            election_timeout_max: 500,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(10_000),
             max_in_snapshot_log_to_keep: 1000,
             ..Default::default()

@@ -1,8 +1,13 @@
 //! A replicated cetera cluster for tests: N members on one SQLite file each,
 //! the first founding the cluster (`--cluster-init`), the others joining it.
 //! Member i serves peers on 127.0.0.(i+1) and sends from that address, and
-//! other members reach it through a `FaultProxy`, so that a test can cut one
-//! member off from the rest (`isolate`) and heal the cut.
+//! (unless started direct) other members reach it through a `FaultProxy`, so
+//! that a test can cut one member off from the rest (`isolate`) and heal the
+//! cut.
+//!
+//! With env `CETERA_TEST_CLUSTER=1`, `Cetera::start_with` gives every test a
+//! follower of a 3-member cluster instead of a single server: the
+//! differential suites run so against replicated mode.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -24,7 +29,8 @@ pub struct Member {
     /// Its client port on 127.0.0.1.
     pub port: u16,
     peer: SocketAddr,
-    proxy: FaultProxy,
+    /// What other members reach it through, when the cluster can be cut.
+    proxy: Option<FaultProxy>,
     dir: PathBuf,
     datastore: PathBuf,
     args: Vec<String>,
@@ -104,28 +110,53 @@ impl Member {
     }
 }
 
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Members of one cluster; killed when dropped.
 pub struct Cluster {
     /// The members, founder first.
     pub members: Vec<Member>,
+    founder_url: Option<String>,
     _dir: TempDir,
 }
 
 impl Cluster {
-    /// Starts an `n`-member cluster and waits until every member serves.
+    /// Starts an `n`-member cluster that `isolate` can cut, and waits until
+    /// every member serves. The proxies run on the caller's runtime, which
+    /// must keep running (a multi-threaded one, or a test that never blocks).
     pub async fn start(n: usize) -> Cluster {
         Cluster::start_from(n, None).await
+    }
+
+    /// Starts an `n`-member cluster whose members reach each other directly
+    /// (no proxies, so the test's runtime may block), each with `extra_args`.
+    pub async fn start_direct(n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::launch(n, None, false, extra_args).await
     }
 
     /// Starts an `n`-member cluster whose founder converts the single-node
     /// SQLite datastore `founder_data` in place.
     pub async fn start_from(n: usize, founder_data: Option<&Path>) -> Cluster {
+        Cluster::launch(n, founder_data, true, &[]).await
+    }
+
+    async fn launch(
+        n: usize,
+        founder_data: Option<&Path>,
+        proxied: bool,
+        extra_args: &[&str],
+    ) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("cetera-cluster-")
             .tempdir()
             .expect("create tempdir");
         let mut cluster = Cluster {
             members: Vec::new(),
+            founder_url: None,
             _dir: dir,
         };
         for i in 0..n {
@@ -137,7 +168,11 @@ impl Cluster {
             };
             let ip = member_ip(i);
             let peer = SocketAddr::new(ip, free_port_on(ip));
-            let proxy = FaultProxy::start(peer);
+            let proxy = proxied.then(|| FaultProxy::start(peer));
+            let peer_url = match &proxy {
+                Some(proxy) => format!("http://{}", proxy.addr()),
+                None => format!("http://{peer}"),
+            };
             let mut args = vec![
                 "--name".to_string(),
                 format!("member-{i}"),
@@ -146,13 +181,17 @@ impl Cluster {
                 "--peer-listen-address".to_string(),
                 peer.to_string(),
                 "--advertise-peer-url".to_string(),
-                format!("http://{}", proxy.addr()),
+                peer_url.clone(),
             ];
-            match cluster.members.first() {
-                None => args.push("--cluster-init".to_string()),
+            args.extend(extra_args.iter().map(|a| a.to_string()));
+            match &cluster.founder_url {
+                None => {
+                    args.push("--cluster-init".to_string());
+                    cluster.founder_url = Some(peer_url);
+                }
                 Some(founder) => {
                     args.push("--join".to_string());
-                    args.push(format!("http://{}", founder.proxy.addr()));
+                    args.push(founder.clone());
                 }
             }
             let mut member = Member {
@@ -216,22 +255,25 @@ impl Cluster {
 
     /// Cuts member `i` off from the others, both ways (its client port stays up).
     pub fn isolate(&self, i: usize) {
-        self.members[i].proxy.cut();
-        for (j, other) in self.members.iter().enumerate() {
-            if j != i {
-                other.proxy.block(member_ip(i));
-            }
+        self.proxy(i).cut();
+        for j in (0..self.members.len()).filter(|j| *j != i) {
+            self.proxy(j).block(member_ip(i));
         }
     }
 
     /// Undoes `isolate(i)`.
     pub fn heal(&self, i: usize) {
-        self.members[i].proxy.heal();
-        for (j, other) in self.members.iter().enumerate() {
-            if j != i {
-                other.proxy.unblock(member_ip(i));
-            }
+        self.proxy(i).heal();
+        for j in (0..self.members.len()).filter(|j| *j != i) {
+            self.proxy(j).unblock(member_ip(i));
         }
+    }
+
+    fn proxy(&self, i: usize) -> &FaultProxy {
+        self.members[i]
+            .proxy
+            .as_ref()
+            .expect("a cluster started with proxies (Cluster::start)")
     }
 }
 

@@ -331,6 +331,14 @@ pub struct Cetera {
     runs: usize,
     /// Holds the database and the log; deleted when the struct is dropped.
     dir: TempDir,
+    /// With CETERA_TEST_CLUSTER, the cluster this server is a follower of.
+    cluster: Option<cluster::Cluster>,
+}
+
+/// Whether env `CETERA_TEST_CLUSTER` asks for servers that are followers of a
+/// 3-member replicated cluster (see `cluster`).
+pub fn cluster_mode() -> bool {
+    std::env::var("CETERA_TEST_CLUSTER").is_ok_and(|v| v == "1" || v == "true")
 }
 
 impl Cetera {
@@ -362,6 +370,9 @@ impl Cetera {
         extra_args: &[&str],
         tls: Option<ClientTls>,
     ) -> Cetera {
+        if cluster_mode() && endpoint.is_none() && tls.is_none() {
+            return Cetera::follower(extra_args).await;
+        }
         let dir = tempfile::Builder::new()
             .prefix("cetera-test-")
             .tempdir()
@@ -383,9 +394,28 @@ impl Cetera {
             tls,
             runs: 0,
             dir,
+            cluster: None,
         };
         cetera.launch(true).await;
         cetera
+    }
+
+    /// A follower of a new 3-member cluster (its process belongs to the cluster).
+    async fn follower(extra_args: &[&str]) -> Cetera {
+        let cluster = cluster::Cluster::start_direct(3, extra_args).await;
+        let leader = cluster.leader(&[], Duration::from_secs(10)).await;
+        let follower = &cluster.members[(leader + 1) % 3];
+        Cetera {
+            proc: None,
+            port: follower.port,
+            endpoint: follower.datastore().display().to_string(),
+            _database: None,
+            extra_args: Vec::new(),
+            tls: None,
+            runs: 0,
+            dir: tempfile::tempdir().expect("create tempdir"),
+            cluster: Some(cluster),
+        }
     }
 
     /// Spawns the binary on the database and waits for it. With `new_port`, picks a
