@@ -137,13 +137,21 @@ impl Cluster {
         );
         // A follower that stops hearing from its leader waits the leader's
         // lease (the longest election timeout) plus a random election timeout
-        // before it stands: 0.75 to 1 s, so that a new leader follows a crash
-        // within 2 s. Heartbeats go 5 times per shortest timeout.
+        // before it stands: 0.95 to 1.2 s, so that a new leader follows a
+        // crash within 2 s. openraft 0.9 also gives every AppendEntries one
+        // heartbeat interval to answer, so that cannot be much shorter.
         let config = openraft::Config {
             cluster_name: "cetera".to_string(),
-            heartbeat_interval: 50,
-            election_timeout_min: 250,
-            election_timeout_max: 500,
+            heartbeat_interval: 100,
+            election_timeout_min: 350,
+            election_timeout_max: 600,
+            // Snapshots are whole databases: chunks of 1 MiB, each with time
+            // to be written on a busy member.
+            snapshot_max_chunk_size: 1 << 20,
+            install_snapshot_timeout: 10_000,
+            // Bounded appends, so that a batch of large values still answers
+            // within a heartbeat.
+            max_payload_entries: 64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(10_000),
             max_in_snapshot_log_to_keep: 1000,
             ..Default::default()

@@ -32,17 +32,18 @@ pub struct Proposal {
     pub command: Command,
 }
 
-/// A write request, with etcd's messages in their protobuf encoding.
+/// A write request, with etcd's messages in their protobuf encoding (kept as
+/// byte strings, not sequences of numbers, in the log and on the wire).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Command {
     /// etcd Put.
-    Put(Vec<u8>),
+    Put(#[serde(with = "serde_bytes")] Vec<u8>),
     /// etcd DeleteRange.
-    DeleteRange(Vec<u8>),
+    DeleteRange(#[serde(with = "serde_bytes")] Vec<u8>),
     /// etcd Txn.
-    Txn(Vec<u8>),
+    Txn(#[serde(with = "serde_bytes")] Vec<u8>),
     /// etcd LeaseGrant (with its id chosen).
-    LeaseGrant(Vec<u8>),
+    LeaseGrant(#[serde(with = "serde_bytes")] Vec<u8>),
     /// etcd LeaseRevoke.
     LeaseRevoke(i64),
     /// One etcd LeaseKeepAlive.

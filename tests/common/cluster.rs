@@ -18,7 +18,7 @@ use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use tempfile::TempDir;
 
 use super::fault_proxy::FaultProxy;
-use super::{Proc, fail_startup, free_port};
+use super::{PORT_RETRIES, Proc, fail_startup, free_port};
 
 /// The cluster token of test clusters.
 pub const TOKEN: &str = "test-cluster-token";
@@ -78,22 +78,34 @@ impl Member {
         }
     }
 
+    /// Spawns the member and waits until it serves; moves to another client
+    /// port if the chosen one turns out to be taken (tests run in parallel).
     async fn launch(&mut self) {
-        let mut args = vec![
-            "--listen-address".to_string(),
-            self.addr(),
-            "--endpoint".to_string(),
-            self.datastore().display().to_string(),
-        ];
-        args.extend(self.args.iter().cloned());
-        self.runs += 1;
-        let log = self.dir.join(format!("cetera-{}.log", self.runs));
-        let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
-        if let Err((_, message)) = proc.wait_ready(self.port, "cetera member", None).await {
-            proc.kill();
-            fail_startup(&format!("{message} (args: {args:?})"), &proc.log);
+        for attempt in 1..=PORT_RETRIES {
+            let mut args = vec![
+                "--listen-address".to_string(),
+                self.addr(),
+                "--endpoint".to_string(),
+                self.datastore().display().to_string(),
+            ];
+            args.extend(self.args.iter().cloned());
+            self.runs += 1;
+            let log = self.dir.join(format!("cetera-{}.log", self.runs));
+            let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
+            match proc.wait_ready(self.port, "cetera member", None).await {
+                Ok(()) => {
+                    self.proc = Some(proc);
+                    return;
+                }
+                Err((in_use, message)) => {
+                    proc.kill();
+                    if !(in_use && attempt < PORT_RETRIES) {
+                        fail_startup(&format!("{message} (args: {args:?})"), &proc.log);
+                    }
+                    self.port = free_port();
+                }
+            }
         }
-        self.proc = Some(proc);
     }
 
     /// Starts it again with the flags it was first started with.
