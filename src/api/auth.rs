@@ -29,10 +29,6 @@ impl<B: Backend> AuthService<B> {
         &self.info.auth
     }
 
-    fn backend(&self) -> &B {
-        self.store.database()
-    }
-
     fn header(&self) -> Option<ResponseHeader> {
         self.info.header(self.store.revisions().current)
     }
@@ -45,7 +41,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
         self.auth()
-            .enable(self.backend(), request.metadata())
+            .enable(&self.store, request.metadata())
             .await?;
         Ok(Response::new(AuthEnableResponse {
             header: self.header(),
@@ -57,7 +53,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
         self.auth()
-            .disable(self.backend(), request.metadata())
+            .disable(&self.store, request.metadata())
             .await?;
         Ok(Response::new(AuthDisableResponse {
             header: self.header(),
@@ -95,7 +91,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
             .user_add(
-                self.backend(),
+                &self.store,
                 &metadata,
                 req.name,
                 req.password,
@@ -136,7 +132,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthUserDeleteRequest>,
     ) -> Result<Response<AuthUserDeleteResponse>, Status> {
         self.auth()
-            .user_delete(self.backend(), request.metadata(), &request.get_ref().name)
+            .user_delete(&self.store, request.metadata(), &request.get_ref().name)
             .await?;
         Ok(Response::new(AuthUserDeleteResponse {
             header: self.header(),
@@ -149,7 +145,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .user_change_password(self.backend(), &metadata, &req.name, req.password)
+            .user_change_password(&self.store, &metadata, &req.name, req.password)
             .await?;
         Ok(Response::new(AuthUserChangePasswordResponse {
             header: self.header(),
@@ -162,7 +158,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
         let req = request.get_ref();
         self.auth()
-            .user_grant_role(self.backend(), request.metadata(), &req.user, &req.role)
+            .user_grant_role(&self.store, request.metadata(), &req.user, &req.role)
             .await?;
         Ok(Response::new(AuthUserGrantRoleResponse {
             header: self.header(),
@@ -175,7 +171,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
         let req = request.get_ref();
         self.auth()
-            .user_revoke_role(self.backend(), request.metadata(), &req.name, &req.role)
+            .user_revoke_role(&self.store, request.metadata(), &req.name, &req.role)
             .await?;
         Ok(Response::new(AuthUserRevokeRoleResponse {
             header: self.header(),
@@ -187,7 +183,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthRoleAddRequest>,
     ) -> Result<Response<AuthRoleAddResponse>, Status> {
         self.auth()
-            .role_add(self.backend(), request.metadata(), &request.get_ref().name)
+            .role_add(&self.store, request.metadata(), &request.get_ref().name)
             .await?;
         Ok(Response::new(AuthRoleAddResponse {
             header: self.header(),
@@ -223,7 +219,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthRoleDeleteRequest>,
     ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
         self.auth()
-            .role_delete(self.backend(), request.metadata(), &request.get_ref().role)
+            .role_delete(&self.store, request.metadata(), &request.get_ref().role)
             .await?;
         Ok(Response::new(AuthRoleDeleteResponse {
             header: self.header(),
@@ -236,7 +232,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .role_grant_permission(self.backend(), &metadata, &req.name, req.perm)
+            .role_grant_permission(&self.store, &metadata, &req.name, req.perm)
             .await?;
         Ok(Response::new(AuthRoleGrantPermissionResponse {
             header: self.header(),
@@ -250,7 +246,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         let req = request.get_ref();
         self.auth()
             .role_revoke_permission(
-                self.backend(),
+                &self.store,
                 request.metadata(),
                 &req.role,
                 &req.key,

@@ -148,6 +148,10 @@ impl From<StoreError> for Status {
             ),
             StoreError::Stopped => Status::new(Code::Unavailable, "etcdserver: server stopped"),
             StoreError::NoLeader => Status::new(Code::Unavailable, "etcdserver: no leader"),
+            StoreError::AuthChanged => Status::new(
+                Code::Aborted,
+                "cetera: the auth state changed meanwhile; try again",
+            ),
             StoreError::Timeout => Status::new(Code::Unavailable, "etcdserver: request timed out"),
             StoreError::Backend(error) => {
                 tracing::error!("database error: {error:#}");

@@ -1,8 +1,10 @@
-//! The auth management calls (etcd's authStore): each reads the records in
-//! a database write transaction, applies etcd's rules, writes what changed
-//! and the new auth revision, and then installs the result in memory. The
-//! write transaction orders changes made by all instances on a shared
-//! database, so the auth revision counts them all.
+//! The auth management calls (etcd's authStore): each reads the records,
+//! applies etcd's rules, has the store's writer store what changed and the
+//! new auth revision (through the replicated log in a cluster), and then
+//! installs the result in memory. The writer applies a change only if the
+//! auth state is still the one it was computed from, so changes made by
+//! every instance or member are ordered and the auth revision counts them
+//! all.
 
 use std::collections::BTreeMap;
 
@@ -11,9 +13,13 @@ use tonic::{Code, Status};
 
 use super::perms::is_valid_permission_range;
 use super::{Auth, AuthState, Caller, ROOT_ROLE, ROOT_USER};
-use crate::backend::{AuthKind, Backend, ReadTxn, WriteTxn};
+use crate::backend::{AuthKind, Backend, ReadTxn};
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
-use crate::store::StoreError;
+use crate::store::writer::AuthWrite;
+use crate::store::{Store, StoreError};
+
+/// Times a change is computed again when the state moved meanwhile.
+const CHANGE_ATTEMPTS: usize = 5;
 
 /// `settings` row: 1 while auth is enabled.
 pub(crate) const ENABLED_SETTING: &str = "auth_enabled";
@@ -118,7 +124,7 @@ fn decode_records<M: Message + Default>(
 }
 
 /// Whether auth is enabled and the auth revision (1 on a fresh store, as etcd starts).
-async fn read_flags<T: ReadTxn>(txn: &mut T) -> anyhow::Result<(bool, u64)> {
+pub(crate) async fn read_flags<T: ReadTxn>(txn: &mut T) -> anyhow::Result<(bool, u64)> {
     let enabled = txn.setting(ENABLED_SETTING).await?.unwrap_or(0) != 0;
     let revision = txn.setting(REVISION_SETTING).await?.unwrap_or(1).max(1) as u64;
     Ok((enabled, revision))
@@ -171,56 +177,54 @@ async fn hash_password(password: String, cost: u32) -> Result<Vec<u8>, Status> {
 }
 
 impl Auth {
-    /// Runs `f` on the stored records in one write transaction and stores
-    /// what it changed, then installs the new state here.
+    /// Runs `f` on the stored records and has the store's writer store what
+    /// it changed (through the replicated log in a cluster), then installs
+    /// the new state here. The writer refuses a change computed from a state
+    /// that moved meanwhile (another instance or member changed auth), and
+    /// `f` runs again on the new one.
     async fn change<B: Backend>(
         &self,
-        backend: &B,
-        f: impl FnOnce(&mut Records) -> Result<Outcome, AuthError>,
+        store: &Store<B>,
+        mut f: impl FnMut(&mut Records) -> Result<Outcome, AuthError>,
     ) -> Result<(), Status> {
-        if self.frozen.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Status::unimplemented(
-                "cetera: users, roles and auth cannot be changed in a replicated cluster yet; \
-                 change them on a single node before it founds the cluster",
-            ));
-        }
         let _changing = self.changing.lock().await;
-        let mut txn = backend.write().await.map_err(database_error)?;
-        let before = read_state(&mut txn).await.map_err(database_error)?;
-        let mut records = Records {
-            enabled: before.enabled,
-            users: before.users.clone(),
-            roles: before.roles.clone(),
-        };
-        let outcome = f(&mut records)?;
-        if outcome == Outcome::Unchanged {
-            // Nothing to write; the transaction rolls back when dropped.
-            return Ok(());
+        for _ in 0..CHANGE_ATTEMPTS {
+            let before = load_state(store.database())
+                .await
+                .map_err(database_error)?;
+            let mut records = Records {
+                enabled: before.enabled,
+                users: before.users.clone(),
+                roles: before.roles.clone(),
+            };
+            let revision = match f(&mut records)? {
+                Outcome::Unchanged => return Ok(()),
+                Outcome::NewRevision => before.revision + 1,
+                Outcome::SameRevision => before.revision,
+            };
+            let mut changed = record_changes(AuthKind::User, &before.users, &records.users);
+            changed.extend(record_changes(AuthKind::Role, &before.roles, &records.roles));
+            let change = AuthWrite {
+                read: (before.enabled, before.revision),
+                enabled: records.enabled,
+                revision,
+                records: changed,
+            };
+            match store.change_auth(change).await {
+                Ok(()) => {
+                    self.install(AuthState::new(
+                        records.enabled,
+                        revision,
+                        records.users,
+                        records.roles,
+                    ));
+                    return Ok(());
+                }
+                Err(StoreError::AuthChanged) => continue,
+                Err(error) => return Err(error.into()),
+            }
         }
-        let revision = match outcome {
-            Outcome::NewRevision => before.revision + 1,
-            _ => before.revision,
-        };
-        let write = async {
-            write_changes(&mut txn, AuthKind::User, &before.users, &records.users).await?;
-            write_changes(&mut txn, AuthKind::Role, &before.roles, &records.roles).await?;
-            txn.set_setting(ENABLED_SETTING, i64::from(records.enabled))
-                .await?;
-            txn.set_setting(REVISION_SETTING, revision as i64).await?;
-            // Storing the counters unchanged is what tells other instances
-            // sharing the database (Postgres NOTIFY) that something changed.
-            let counters = txn.revisions().await?;
-            txn.set_revisions(counters).await?;
-            txn.commit().await
-        };
-        write.await.map_err(database_error)?;
-        self.install(AuthState::new(
-            records.enabled,
-            revision,
-            records.users,
-            records.roles,
-        ));
-        Ok(())
+        Err(StoreError::AuthChanged.into())
     }
 
     /// The caller, who must be an admin whenever auth is enabled (etcd's
@@ -232,11 +236,11 @@ impl Auth {
     /// AuthEnable: needs a root user holding the root role.
     pub async fn enable<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if r.enabled {
                 return Ok(Outcome::Unchanged);
             }
@@ -253,11 +257,11 @@ impl Auth {
     /// AuthDisable.
     pub async fn disable<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if !r.enabled {
                 return Ok(Outcome::Unchanged);
             }
@@ -308,7 +312,7 @@ impl Auth {
     /// UserAdd.
     pub async fn user_add<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: String,
         password: String,
@@ -324,7 +328,7 @@ impl Auth {
         } else {
             hash_password(password, self.options.bcrypt_cost).await?
         };
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if r.users.contains_key(&name) {
                 return Err(AuthError::UserAlreadyExist);
             }
@@ -332,7 +336,7 @@ impl Auth {
                 name.clone(),
                 User {
                     name: name.clone().into_bytes(),
-                    password,
+                    password: password.clone(),
                     roles: Vec::new(),
                     options: Some(options),
                 },
@@ -371,12 +375,12 @@ impl Auth {
     /// UserDelete: root cannot be deleted while auth is enabled.
     pub async fn user_delete<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if r.enabled && name == ROOT_USER {
                 return Err(AuthError::InvalidAuthMgmt);
             }
@@ -391,7 +395,7 @@ impl Auth {
     /// UserChangePassword: a no-password user keeps having none.
     pub async fn user_change_password<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
         password: String,
@@ -399,10 +403,10 @@ impl Auth {
         self.admin(metadata)?;
         // Hashed before the user is looked up, as etcd's server does.
         let hash = hash_password(password, self.options.bcrypt_cost).await?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             let user = r.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
             if !user.options.as_ref().is_some_and(|o| o.no_password) {
-                user.password = hash;
+                user.password = hash.clone();
             }
             Ok(Outcome::NewRevision)
         })
@@ -415,13 +419,13 @@ impl Auth {
     /// role twice changes nothing.
     pub async fn user_grant_role<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         user: &str,
         role: &str,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if !r.users.contains_key(user) {
                 return Err(AuthError::UserNotFound);
             }
@@ -443,13 +447,13 @@ impl Auth {
     /// UserRevokeRole: root keeps the root role while auth is enabled.
     pub async fn user_revoke_role<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
         role: &str,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if r.enabled && name == ROOT_USER && role == ROOT_ROLE {
                 return Err(AuthError::InvalidAuthMgmt);
             }
@@ -467,7 +471,7 @@ impl Auth {
     /// RoleAdd.
     pub async fn role_add<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
     ) -> Result<(), Status> {
@@ -475,7 +479,7 @@ impl Auth {
         if name.is_empty() {
             return Err(AuthError::RoleEmpty.into());
         }
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if r.roles.contains_key(name) {
                 return Err(AuthError::RoleAlreadyExist);
             }
@@ -525,12 +529,12 @@ impl Auth {
     /// stays while auth is enabled.
     pub async fn role_delete<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             if r.enabled && name == ROOT_ROLE {
                 return Err(AuthError::InvalidAuthMgmt);
             }
@@ -547,7 +551,7 @@ impl Auth {
     /// one on the same key and range end; permissions stay sorted by key.
     pub async fn role_grant_permission<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
         perm: Option<Permission>,
@@ -557,7 +561,7 @@ impl Auth {
         if !is_valid_permission_range(&perm.key, &perm.range_end) {
             return Err(AuthError::InvalidAuthMgmt.into());
         }
-        self.change(backend, |r| {
+        self.change(store, |r| {
             let role = r.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
             let perms = &mut role.key_permission;
             let at = perms.partition_point(|p| p.key < perm.key);
@@ -567,7 +571,7 @@ impl Auth {
             {
                 perms[at].perm_type = perm.perm_type;
             } else {
-                perms.push(perm);
+                perms.push(perm.clone());
                 perms.sort_by(|a, b| a.key.cmp(&b.key));
             }
             Ok(Outcome::NewRevision)
@@ -578,14 +582,14 @@ impl Auth {
     /// RoleRevokePermission: removes the permission on exactly that key and range end.
     pub async fn role_revoke_permission<B: Backend>(
         &self,
-        backend: &B,
+        store: &Store<B>,
         metadata: &tonic::metadata::MetadataMap,
         name: &str,
         key: &[u8],
         range_end: &[u8],
     ) -> Result<(), Status> {
         self.admin(metadata)?;
-        self.change(backend, |r| {
+        self.change(store, |r| {
             let role = r.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
             let before = role.key_permission.len();
             role.key_permission
@@ -599,22 +603,19 @@ impl Auth {
     }
 }
 
-async fn write_changes<T: WriteTxn, M: Message + PartialEq>(
-    txn: &mut T,
+/// The records to store or remove to go from `before` to `after`.
+fn record_changes<M: Message + PartialEq>(
     kind: AuthKind,
     before: &BTreeMap<String, M>,
     after: &BTreeMap<String, M>,
-) -> anyhow::Result<()> {
-    for name in before.keys() {
-        if !after.contains_key(name) {
-            txn.remove_auth_record(kind, name.as_bytes()).await?;
-        }
-    }
-    for (name, record) in after {
-        if before.get(name) != Some(record) {
-            txn.put_auth_record(kind, name.as_bytes(), &record.encode_to_vec())
-                .await?;
-        }
-    }
-    Ok(())
+) -> Vec<(AuthKind, Vec<u8>, Option<Vec<u8>>)> {
+    let removed = before
+        .keys()
+        .filter(|name| !after.contains_key(*name))
+        .map(|name| (kind, name.as_bytes().to_vec(), None));
+    let stored = after
+        .iter()
+        .filter(|(name, record)| before.get(*name) != Some(*record))
+        .map(|(name, record)| (kind, name.as_bytes().to_vec(), Some(record.encode_to_vec())));
+    removed.chain(stored).collect()
 }

@@ -16,7 +16,7 @@
 
 mod manage;
 
-pub(crate) use self::manage::{ENABLED_SETTING, REVISION_SETTING};
+pub(crate) use self::manage::{ENABLED_SETTING, REVISION_SETTING, read_flags};
 pub mod perms;
 mod tokens;
 
@@ -168,9 +168,6 @@ pub struct Auth {
     /// Serializes this instance's changes and reloads, so the copy in
     /// memory never goes back to an older revision.
     changing: tokio::sync::Mutex<()>,
-    /// Set on a member of a replicated cluster: auth records are not yet
-    /// written through the replicated log, so changes are refused there.
-    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Auth {
@@ -184,13 +181,6 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    /// Refuses every later change of users, roles and auth enablement (see
-    /// `frozen`).
-    pub fn freeze(&self) {
-        self.frozen
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Loads the auth state from `backend`.
     pub async fn open<B: Backend>(backend: &B, options: AuthOptions) -> anyhow::Result<Self> {
         let state = manage::load_state(backend).await?;
@@ -199,7 +189,6 @@ impl Auth {
             tokens: TokenStore::new(options.token_ttl),
             options,
             changing: tokio::sync::Mutex::new(()),
-            frozen: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

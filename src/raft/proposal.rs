@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use super::{LogId, StoredMembership};
 use crate::store::StoreResult;
 use crate::store::alarm::AlarmChange;
-use crate::store::writer::{WriteRequest, WriteResponse};
+use crate::backend::AuthKind;
+use crate::store::writer::{AuthWrite, WriteRequest, WriteResponse};
 
 /// One write in the replicated log.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -52,6 +53,17 @@ pub enum Command {
     LeaseExpire(i64),
     /// etcd Compact.
     Compact(i64),
+    /// A change of users, roles or the auth switch (`AuthWrite`).
+    Auth {
+        /// The auth switch and revision it was computed from.
+        read: (bool, u64),
+        /// The auth switch after it.
+        enabled: bool,
+        /// The auth revision after it.
+        revision: u64,
+        /// (user: true / role: false, name, record or None to remove).
+        records: Vec<(bool, Vec<u8>, Option<Vec<u8>>)>,
+    },
     /// etcd Alarm ACTIVATE (or DEACTIVATE).
     Alarm {
         /// Raise (true) or disarm.
@@ -85,6 +97,18 @@ impl Command {
                 member_id: *member_id,
                 alarm: *alarm,
             },
+            WriteRequest::Auth(change) => Command::Auth {
+                read: change.read,
+                enabled: change.enabled,
+                revision: change.revision,
+                records: change
+                    .records
+                    .iter()
+                    .map(|(kind, name, record)| {
+                        (*kind == AuthKind::User, name.clone(), record.clone())
+                    })
+                    .collect(),
+            },
             WriteRequest::CompactStep | WriteRequest::Nothing => return None,
         })
     }
@@ -103,6 +127,23 @@ impl Command {
             Command::LeaseKeepAlive(id) => Ok(WriteRequest::LeaseKeepAlive(*id)),
             Command::LeaseExpire(id) => Ok(WriteRequest::LeaseExpire(*id)),
             Command::Compact(revision) => Ok(WriteRequest::Compact(*revision)),
+            Command::Auth {
+                read,
+                enabled,
+                revision,
+                records,
+            } => Ok(WriteRequest::Auth(AuthWrite {
+                read: *read,
+                enabled: *enabled,
+                revision: *revision,
+                records: records
+                    .iter()
+                    .map(|(user, name, record)| {
+                        let kind = if *user { AuthKind::User } else { AuthKind::Role };
+                        (kind, name.clone(), record.clone())
+                    })
+                    .collect(),
+            })),
             Command::Alarm {
                 activate,
                 member_id,

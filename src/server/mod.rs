@@ -196,9 +196,6 @@ async fn serve<B: Backend>(
         )
         .await?,
     );
-    if cluster.is_some() {
-        auth.freeze();
-    }
     let auth_follower = Auth::follow(&auth, store.shared_database());
     let info = Arc::new(ServerInfo {
         identity,

@@ -127,6 +127,7 @@ pub fn may_be_refused(request: &WriteRequest) -> bool {
         WriteRequest::LeaseKeepAlive(_)
             | WriteRequest::CompactStep
             | WriteRequest::Alarm { .. }
+            | WriteRequest::Auth(_)
             | WriteRequest::Nothing
     )
 }

@@ -36,6 +36,9 @@ pub enum StoreError {
     /// Alarm ACTIVATE of an alarm type etcd does not know.
     #[error("unknown alarm type {0}")]
     UnknownAlarm(i32),
+    /// An auth change was computed from a state that changed meanwhile.
+    #[error("the auth state changed meanwhile")]
+    AuthChanged,
     /// Replicated mode: the cluster has no leader (no quorum) to order the request.
     #[error("no leader")]
     NoLeader,

@@ -461,6 +461,15 @@ impl<B: Backend> Store<B> {
         })
     }
 
+    /// Stores a change of users, roles or the auth switch (see
+    /// `writer::AuthWrite`), through the replicated log in a cluster.
+    pub async fn change_auth(&self, change: writer::AuthWrite) -> StoreResult<()> {
+        match self.write(WriteRequest::Auth(change)).await? {
+            WriteResponse::Auth => Ok(()),
+            _ => unreachable!("writer answers an Auth with an Auth"),
+        }
+    }
+
     /// The raised alarms of type `alarm` (every one for NONE), as etcd's
     /// Alarm GET lists them.
     pub async fn alarms(&self, alarm: i32) -> StoreResult<Vec<AlarmRow>> {

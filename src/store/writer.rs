@@ -13,7 +13,7 @@ use super::apply::Applier;
 use super::error::{StoreError, StoreResult};
 use super::publisher::Publisher;
 use super::range::check_revision;
-use crate::backend::{AlarmRow, Backend, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AlarmRow, AuthKind, Backend, ReadTxn, Revisions, WriteTxn};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
@@ -56,9 +56,26 @@ pub enum WriteRequest {
         /// etcdserverpb.AlarmType number.
         alarm: i32,
     },
+    /// A change of users, roles or the auth switch, as `crate::auth`
+    /// computed it; made only if the auth state is still as it was read.
+    Auth(AuthWrite),
     /// Nothing but the replication mark of its `Queued` (a Raft entry that
     /// changes no key, such as a membership change).
     Nothing,
+}
+
+/// Auth records to store, computed by `crate::auth` from the state it read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthWrite {
+    /// Whether auth was enabled, and the auth revision, in the state the
+    /// change was computed from: it applies only if they still are.
+    pub read: (bool, u64),
+    /// The auth switch after the change.
+    pub enabled: bool,
+    /// The auth revision after the change.
+    pub revision: u64,
+    /// Records to store (Some) or remove (None), by kind and name.
+    pub records: Vec<(AuthKind, Vec<u8>, Option<Vec<u8>>)>,
 }
 
 /// The writer's answer to a `WriteRequest`.
@@ -84,6 +101,8 @@ pub enum WriteResponse {
     CompactStep,
     /// Answer to Alarm: the alarm concerned, if any.
     Alarm(Vec<AlarmRow>),
+    /// Answer to Auth.
+    Auth,
     /// Answer to Nothing.
     Nothing,
 }
@@ -257,6 +276,10 @@ async fn apply<T: WriteTxn>(
             let changed = alarm::change(txn, *change, *member_id, *alarm).await?;
             return Ok(WriteResponse::Alarm(changed));
         }
+        WriteRequest::Auth(change) => {
+            change_auth(txn, revs, change).await?;
+            return Ok(WriteResponse::Auth);
+        }
         WriteRequest::Nothing => return Ok(WriteResponse::Nothing),
     };
     revs.current = applier.revision();
@@ -267,6 +290,31 @@ async fn apply<T: WriteTxn>(
         });
     }
     Ok(response)
+}
+
+/// Stores an auth change, unless the auth state moved since it was read.
+async fn change_auth<T: WriteTxn>(
+    txn: &mut T,
+    revs: &Revisions,
+    change: &AuthWrite,
+) -> StoreResult<()> {
+    if crate::auth::read_flags(txn).await? != change.read {
+        return Err(StoreError::AuthChanged);
+    }
+    for (kind, name, record) in &change.records {
+        match record {
+            Some(record) => txn.put_auth_record(*kind, name, record).await?,
+            None => txn.remove_auth_record(*kind, name).await?,
+        }
+    }
+    txn.set_setting(crate::auth::ENABLED_SETTING, i64::from(change.enabled))
+        .await?;
+    txn.set_setting(crate::auth::REVISION_SETTING, change.revision as i64)
+        .await?;
+    // Storing the counters unchanged is what tells other instances sharing
+    // the database (Postgres NOTIFY) that something changed.
+    txn.set_revisions(*revs).await?;
+    Ok(())
 }
 
 /// etcd's rule: the compact revision only moves forward, and not past the present.
