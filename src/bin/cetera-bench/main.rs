@@ -5,9 +5,12 @@
 //! `--conns` HTTP/2 connections with `--clients` concurrent tasks, for `--total`
 //! operations or a `--duration`, and prints throughput and latency percentiles as a
 //! table or, with `--json`, as JSON. `scripts/bench.sh` runs the scenarios on cetera and
-//! on etcd 3.5.1 side by side; BENCHMARKS.md has the results.
+//! on etcd 3.5.1 side by side; BENCHMARKS.md has the results. For clusters, `leader`
+//! names the leader's endpoint and `failover` kills the leader under a light write load
+//! and times the recovery (`scripts/bench-cluster.sh` runs them).
 
 mod driver;
+mod failover;
 mod k8s;
 mod keys;
 mod lease;
@@ -35,7 +38,8 @@ use report::Report;
       cetera-bench range --populate --clients 64 --conns 8 --serializable\n  \
       cetera-bench list --populate --key-space 10000 --clients 4 --duration 10s\n  \
       cetera-bench watch --watchers 100 --rate 100 --duration 10s\n  \
-      cetera-bench k8s --populate --key-space 1000 --clients 16 --duration 20s --json"
+      cetera-bench k8s --populate --key-space 1000 --clients 16 --duration 20s --json\n  \
+      cetera-bench --endpoints URL1,URL2,URL3 failover --pids PID1,PID2,PID3"
 )]
 struct Cli {
     #[command(flatten)]
@@ -137,6 +141,15 @@ enum Scenario {
     K8s(k8s::K8sArgs),
     /// Write every key of the key space in Txn batches (what --populate does).
     Populate(populate::PopulateArgs),
+    /// Kill the leader (SIGKILL) under a 1-client write load over all endpoints; time
+    /// until a survivor reports a new leader and until puts are acknowledged again.
+    Failover(failover::FailoverArgs),
+    /// Print the endpoint of the member that reports itself leader in Status.
+    Leader {
+        /// Give up after this long without a leader.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+        timeout: Duration,
+    },
     /// Wait until the endpoint answers a Range (used by scripts/bench.sh).
     Wait {
         /// Give up after this long.
@@ -172,6 +185,15 @@ async fn run(cli: Cli) -> anyhow::Result<Report> {
         report.quiet = true;
         return Ok(report);
     }
+    if let Scenario::Leader { timeout } = cli.scenario {
+        failover::print_leader(&common, timeout).await?;
+        report.quiet = true;
+        return Ok(report);
+    }
+    if let Scenario::Failover(args) = &cli.scenario {
+        report.results = vec![failover::run(&common, args).await?];
+        return Ok(report);
+    }
     let channels = net::connect(&common.endpoints, common.conns).await?;
     let results = match cli.scenario {
         Scenario::Put => vec![put::run(&common, &channels).await?],
@@ -185,7 +207,9 @@ async fn run(cli: Cli) -> anyhow::Result<Report> {
             let prefix = common.prefix_or(keys::DEFAULT_PREFIX);
             vec![populate::run(&common, &args, &channels, &prefix).await?]
         }
-        Scenario::Wait { .. } => unreachable!(),
+        Scenario::Wait { .. } | Scenario::Leader { .. } | Scenario::Failover(_) => {
+            unreachable!()
+        }
     };
     report.results = results;
     Ok(report)
