@@ -263,9 +263,18 @@ impl Cluster {
         let service = PeerServer::new(PeerService::new(self.clone()))
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
+        // Raft messages are small writes; Nagle's algorithm would hold them back.
+        let connections = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |accepted| {
+                let socket = accepted?;
+                socket.set_nodelay(true)?;
+                Ok::<_, std::io::Error>(socket)
+            },
+        );
         let server = tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+            .serve_with_incoming(connections);
         let task = tokio::spawn(async move {
             if let Err(error) = server.await {
                 tracing::error!("peer service failed: {error}");
@@ -419,7 +428,10 @@ impl Cluster {
                         Ok(Err(Refusal::Failed(message))) => {
                             return Err(StoreError::Backend(anyhow::anyhow!(message)));
                         }
+                        // Not delivered: safe to send again.
                         Err(PeerError::Unreachable { .. }) if Instant::now() < deadline => {}
+                        // Maybe applied: sending it again could apply it twice.
+                        Err(PeerError::TimedOut { .. }) => return Err(StoreError::Timeout),
                         Err(error) => {
                             tracing::warn!("cannot forward a write to the leader: {error}");
                             return Err(StoreError::NoLeader);

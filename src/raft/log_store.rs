@@ -1,7 +1,8 @@
 //! The replicated log of this member, in an SQLite file of its own beside the
-//! store: entries, the vote, the commit index and how far the log was purged.
-//! Every append is fsynced before openraft hears it is done, so a member
-//! never acknowledges an entry it could lose.
+//! store: entries, the vote and how far the log was purged. Every append is
+//! fsynced before openraft hears it is done, so a member never acknowledges
+//! an entry it could lose. The commit index is not kept: the store records
+//! what it applied (see `state_machine`), and the leader tells the rest.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -37,7 +38,6 @@ const SCHEMA: &str = "
 
 /// Names of the `state` rows.
 const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
 const PURGED: &str = "purged";
 
 impl LogStore {
@@ -200,17 +200,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError> {
         self.read_state(VOTE)
             .map_err(|e| StorageIOError::read_vote(any_error(format!("{e:#}"))).into())
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.write_state(COMMITTED, &committed).map_err(write_error)
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self
-            .read_state::<Option<LogId>>(COMMITTED)
-            .map_err(read_error)?
-            .flatten())
     }
 
     async fn append<I>(

@@ -29,9 +29,18 @@ pub const TOKEN_HEADER: &str = "cetera-token";
 /// A failed peer call.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
-    /// The peer could not be reached (or did not answer in time).
+    /// The peer could not be reached: nothing was delivered.
     #[error("cannot reach {url}: {message}")]
     Unreachable {
+        /// The peer.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The peer did not answer in time: the call may or may not have
+    /// taken effect.
+    #[error("{url} did not answer in time: {message}")]
+    TimedOut {
         /// The peer.
         url: String,
         /// What went wrong.
@@ -133,17 +142,15 @@ impl Peers {
             Method::ReadIndex => client.read_index(request).await,
             Method::Join => client.join(request).await,
         };
-        let payload = answer.map_err(|status| match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                PeerError::Unreachable {
-                    url: url.to_string(),
-                    message: status.message().to_string(),
+        let payload = answer.map_err(|status| {
+            let (url, message) = (url.to_string(), status.message().to_string());
+            match status.code() {
+                tonic::Code::Unavailable => PeerError::Unreachable { url, message },
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                    PeerError::TimedOut { url, message }
                 }
+                _ => PeerError::Refused { url, status },
             }
-            _ => PeerError::Refused {
-                url: url.to_string(),
-                status,
-            },
         })?;
         postcard::from_bytes(&payload.get_ref().data).map_err(|e| PeerError::Garbled {
             url: url.to_string(),
@@ -204,6 +211,8 @@ impl PeerConnection {
             .call(&self.url, method, message, option.hard_ttl())
             .await
             .map_err(|error| match error {
+                // openraft backs off from an unreachable member; a slow
+                // answer is only retried.
                 PeerError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&error)),
                 _ => RPCError::Network(NetworkError::new(&error)),
             })?;
