@@ -40,9 +40,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
-        self.auth()
-            .enable(&self.store, request.metadata())
-            .await?;
+        self.auth().enable(&self.store, request.metadata()).await?;
         Ok(Response::new(AuthEnableResponse {
             header: self.header(),
         }))
@@ -52,9 +50,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
-        self.auth()
-            .disable(&self.store, request.metadata())
-            .await?;
+        self.auth().disable(&self.store, request.metadata()).await?;
         Ok(Response::new(AuthDisableResponse {
             header: self.header(),
         }))
@@ -90,13 +86,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserAddResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .user_add(
-                &self.store,
-                &metadata,
-                req.name,
-                req.password,
-                req.options,
-            )
+            .user_add(&self.store, &metadata, req.name, req.password, req.options)
             .await?;
         Ok(Response::new(AuthUserAddResponse {
             header: self.header(),

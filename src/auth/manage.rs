@@ -189,9 +189,7 @@ impl Auth {
     ) -> Result<(), Status> {
         let _changing = self.changing.lock().await;
         for _ in 0..CHANGE_ATTEMPTS {
-            let before = load_state(store.database())
-                .await
-                .map_err(database_error)?;
+            let before = load_state(store.database()).await.map_err(database_error)?;
             let mut records = Records {
                 enabled: before.enabled,
                 users: before.users.clone(),
@@ -203,7 +201,11 @@ impl Auth {
                 Outcome::SameRevision => before.revision,
             };
             let mut changed = record_changes(AuthKind::User, &before.users, &records.users);
-            changed.extend(record_changes(AuthKind::Role, &before.roles, &records.roles));
+            changed.extend(record_changes(
+                AuthKind::Role,
+                &before.roles,
+                &records.roles,
+            ));
             let change = AuthWrite {
                 read: (before.enabled, before.revision),
                 enabled: records.enabled,

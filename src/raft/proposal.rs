@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::{LogId, StoredMembership};
+use crate::backend::AuthKind;
 use crate::store::StoreResult;
 use crate::store::alarm::AlarmChange;
-use crate::backend::AuthKind;
 use crate::store::writer::{AuthWrite, WriteRequest, WriteResponse};
 
 /// One write in the replicated log.
@@ -139,7 +139,11 @@ impl Command {
                 records: records
                     .iter()
                     .map(|(user, name, record)| {
-                        let kind = if *user { AuthKind::User } else { AuthKind::Role };
+                        let kind = if *user {
+                            AuthKind::User
+                        } else {
+                            AuthKind::Role
+                        };
                         (kind, name.clone(), record.clone())
                     })
                     .collect(),

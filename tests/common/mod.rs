@@ -332,7 +332,7 @@ pub struct Cetera {
     /// Holds the database and the log; deleted when the struct is dropped.
     dir: TempDir,
     /// With CETERA_TEST_CLUSTER, the cluster this server is a follower of.
-    cluster: Option<cluster::Cluster>,
+    cluster: Option<Box<cluster::Cluster>>,
 }
 
 /// Whether env `CETERA_TEST_CLUSTER` asks for servers that are followers of a
@@ -414,7 +414,7 @@ impl Cetera {
             tls: None,
             runs: 0,
             dir: tempfile::tempdir().expect("create tempdir"),
-            cluster: Some(cluster),
+            cluster: Some(Box::new(cluster)),
         }
     }
 
