@@ -7,6 +7,7 @@
 //! - a member cut off from the others refuses writes and linearizable reads,
 //!   and catches up once the cut heals; the same for a cut-off leader, under
 //!   load, with the history checked;
+//! - MemberRemove and MemberPromote, with etcd's errors;
 //! - a single-node datastore becomes a cluster's founder in place and keeps
 //!   its keys and revisions; a member's datastore serves alone again.
 //!
@@ -505,4 +506,64 @@ async fn single_node_becomes_a_cluster_and_back() {
     assert_eq!(put.header().unwrap().revision(), revision + 2);
     let members = alone.member_list().await.unwrap();
     assert_eq!(members.members().len(), 1);
+}
+
+/// The code and message of an etcd client error.
+fn grpc_error(error: etcd_client::Error) -> (tonic::Code, String) {
+    match error {
+        etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
+        other => panic!("not a gRPC status: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_removed_and_promoted_as_etcd_does() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    // Asked of a follower, which forwards the changes to the leader.
+    let mut c = member_client(&cluster, (leader + 1) % 3).await;
+    let voter = c.member_list().await.unwrap().members()[0].id();
+    let refused = c.member_promote(voter).await.unwrap_err();
+    assert_eq!(
+        grpc_error(refused),
+        (
+            tonic::Code::FailedPrecondition,
+            "etcdserver: can only promote a learner member".to_string()
+        )
+    );
+    let refused = c.member_remove(12345).await.unwrap_err();
+    assert_eq!(
+        grpc_error(refused),
+        (
+            tonic::Code::NotFound,
+            "etcdserver: member not found".to_string()
+        )
+    );
+
+    let gone = (leader + 2) % 3;
+    let endpoint = cluster.members[gone].endpoint();
+    let gone_id = status(&endpoint).await.unwrap().header.unwrap().member_id;
+    let removed = c.member_remove(gone_id).await.unwrap();
+    let left: Vec<u64> = removed.members().iter().map(|m| m.id()).collect();
+    assert_eq!(left.len(), 2);
+    assert!(!left.contains(&gone_id), "{left:?}");
+    cluster.members[gone].kill();
+    // The two left are the whole cluster now: writes go on.
+    c.put("after-remove", "v", None).await.unwrap();
+    let got = member_client(&cluster, leader)
+        .await
+        .get("after-remove", None)
+        .await
+        .unwrap();
+    assert_eq!(got.kvs().len(), 1);
+    assert_eq!(
+        member_client(&cluster, leader)
+            .await
+            .member_list()
+            .await
+            .unwrap()
+            .members()
+            .len(),
+        2
+    );
 }

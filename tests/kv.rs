@@ -522,7 +522,7 @@ async fn maintenance_and_cluster_for_etcdctl() {
 async fn unimplemented_services_say_so() {
     let server = Cetera::start().await;
     let mut c = client(&server).await;
-    // Auth is implemented now (tests/auth.rs); member changes need the replicated mode.
+    // Auth is implemented now (tests/auth.rs); members join a cluster with --join, not MemberAdd.
     let err = c
         .member_add(["http://127.0.0.1:2380"], None)
         .await

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use super::log_store::LogStore;
 use super::network::{Method, PeerError, Peers};
-use super::peer::{JoinRequest, Joined, PeerService, Refusal};
+use super::peer::{JoinRequest, Joined, MembershipChange, PeerService, Refusal};
 use super::proposal::{Command, Proposal, Waiters};
 use super::state_machine::StateMachine;
 use super::{Member, Raft};
@@ -88,6 +88,23 @@ pub struct MemberStatus {
     pub member: Member,
     /// Whether it only follows the log without a vote.
     pub is_learner: bool,
+}
+
+/// Why a membership change through the etcd API failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// etcd's ErrMemberNotFound.
+    #[error("member not found")]
+    NotFound,
+    /// etcd's ErrMemberNotLearner.
+    #[error("can only promote a learner member")]
+    NotLearner,
+    /// No leader to make the change.
+    #[error("no leader")]
+    NoLeader,
+    /// The change failed.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// A running member of a replicated cluster.
@@ -332,6 +349,7 @@ impl Cluster {
                 Ok(Err(Refusal::Failed(message))) => {
                     bail!("the cluster refused to add this member: {message}")
                 }
+                Ok(Err(refusal)) => bail!("the cluster refused to add this member: {refusal:?}"),
                 Err(PeerError::Refused { status, .. }) => {
                     bail!("{url} refused to add this member: {}", status.message())
                 }
@@ -407,6 +425,91 @@ impl Cluster {
         })
     }
 
+    /// As leader: removes or promotes a member, as etcd's MemberRemove and
+    /// MemberPromote do.
+    pub(super) async fn lead_membership_change(
+        &self,
+        change: MembershipChange,
+    ) -> Result<(), Refusal> {
+        let _changing = self.adding.lock().await;
+        if self.leader().map(|(id, _)| id) != Some(self.id) {
+            return Err(Refusal::NotLeader(self.leader()));
+        }
+        let members = self.members();
+        let find = |id: u64| {
+            members
+                .iter()
+                .find(|m| m.id == id)
+                .ok_or(Refusal::MemberNotFound)
+        };
+        let change = match change {
+            MembershipChange::Remove(id) => {
+                let ids = BTreeSet::from([id]);
+                if find(id)?.is_learner {
+                    ChangeMembers::RemoveNodes(ids)
+                } else {
+                    ChangeMembers::RemoveVoters(ids)
+                }
+            }
+            MembershipChange::Promote(id) => {
+                if !find(id)?.is_learner {
+                    return Err(Refusal::MemberNotLearner);
+                }
+                ChangeMembers::AddVoterIds(BTreeSet::from([id]))
+            }
+        };
+        tracing::info!(?change, "changing the membership");
+        match self.raft.change_membership(change, false).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                ChangeMembershipError::InProgress(_),
+            ))) => Err(Refusal::Busy),
+            Err(error) => Err(Refusal::Failed(error.to_string())),
+        }
+    }
+
+    /// Removes or promotes a member: here when leading, else through the
+    /// leader. Waits out an election or another change for up to LEADER_WAIT.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), MembershipError> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            let refusal = match self.lead_membership_change(change).await {
+                Ok(()) => return Ok(()),
+                Err(Refusal::NotLeader(Some((leader, member)))) if leader != self.id => {
+                    let answer: Result<Result<(), Refusal>, PeerError> = self
+                        .peers
+                        .call(
+                            &member.peer_url,
+                            Method::ChangeMembers,
+                            &change,
+                            REQUEST_TIMEOUT,
+                        )
+                        .await;
+                    match answer {
+                        Ok(Ok(())) => return Ok(()),
+                        Ok(Err(refusal)) => refusal,
+                        Err(PeerError::Unreachable { .. }) => Refusal::NotLeader(None),
+                        Err(error) => return Err(MembershipError::Failed(error.to_string())),
+                    }
+                }
+                Err(refusal) => refusal,
+            };
+            match refusal {
+                Refusal::MemberNotFound => return Err(MembershipError::NotFound),
+                Refusal::MemberNotLearner => return Err(MembershipError::NotLearner),
+                Refusal::Failed(message) => return Err(MembershipError::Failed(message)),
+                Refusal::NotLeader(_) | Refusal::Busy => {}
+            }
+            if Instant::now() > deadline {
+                return Err(MembershipError::NoLeader);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Gets `proposal` into the log: here when leading, else through the
     /// leader. Waits out an election for up to LEADER_WAIT.
     async fn submit(&self, proposal: &Proposal) -> StoreResult<()> {
@@ -425,8 +528,8 @@ impl Cluster {
                     match answer {
                         Ok(Ok(())) => return Ok(()),
                         Ok(Err(Refusal::NotLeader(_) | Refusal::Busy)) => {}
-                        Ok(Err(Refusal::Failed(message))) => {
-                            return Err(StoreError::Backend(anyhow::anyhow!(message)));
+                        Ok(Err(refusal)) => {
+                            return Err(StoreError::Backend(anyhow::anyhow!("{refusal:?}")));
                         }
                         // Not delivered: safe to send again.
                         Err(PeerError::Unreachable { .. }) if Instant::now() < deadline => {}
@@ -442,6 +545,7 @@ impl Cluster {
                 Refusal::Failed(message) => {
                     return Err(StoreError::Backend(anyhow::anyhow!(message)));
                 }
+                refusal => return Err(StoreError::Backend(anyhow::anyhow!("{refusal:?}"))),
             }
             if Instant::now() > deadline {
                 return Err(StoreError::NoLeader);

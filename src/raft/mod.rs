@@ -22,8 +22,9 @@ mod state_machine;
 
 use std::io::Cursor;
 
-pub use self::cluster::{Cluster, ClusterOptions, JoinMode};
+pub use self::cluster::{Cluster, ClusterOptions, JoinMode, MembershipError};
 pub use self::member::Member;
+pub use self::peer::MembershipChange;
 
 openraft::declare_raft_types!(
     /// openraft's types for cetera: proposals in, nothing out (answers travel

@@ -141,6 +141,7 @@ impl Peers {
             Method::Forward => client.forward(request).await,
             Method::ReadIndex => client.read_index(request).await,
             Method::Join => client.join(request).await,
+            Method::ChangeMembers => client.change_members(request).await,
         };
         let payload = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
@@ -174,6 +175,8 @@ pub enum Method {
     ReadIndex,
     /// Adding a member.
     Join,
+    /// Removing or promoting a member.
+    ChangeMembers,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Peers {

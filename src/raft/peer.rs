@@ -22,6 +22,10 @@ pub enum Refusal {
     NotLeader(Option<(u64, Member)>),
     /// Another membership change is under way: ask again.
     Busy,
+    /// No member has the id a membership change names.
+    MemberNotFound,
+    /// Only a learner can be promoted.
+    MemberNotLearner,
     /// It failed.
     Failed(String),
 }
@@ -40,6 +44,15 @@ pub struct JoinRequest {
 pub struct Joined {
     /// The cluster's id, which the new member reports from now on.
     pub cluster_id: u64,
+}
+
+/// A membership change asked through the etcd Cluster service.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// MemberRemove: the member leaves the cluster.
+    Remove(u64),
+    /// MemberPromote: the learner becomes a voter.
+    Promote(u64),
 }
 
 /// The peer service of one member.
@@ -106,5 +119,10 @@ impl Peer for PeerService {
     async fn join(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let join: JoinRequest = self.open(request)?;
         answer(&self.cluster.lead_join(join).await)
+    }
+
+    async fn change_members(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let change: MembershipChange = self.open(request)?;
+        answer(&self.cluster.lead_membership_change(change).await)
     }
 }
