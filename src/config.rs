@@ -173,6 +173,18 @@ pub struct Config {
     /// --peer-listen-address.
     #[arg(long, env = "CETERA_ADVERTISE_PEER_URL")]
     pub advertise_peer_url: Option<String>,
+    /// Certificate (PEM) of the peer service, also shown to the members this
+    /// one calls (etcd's name). Peer traffic is then TLS both ways, and needs
+    /// --peer-trusted-ca-file.
+    #[arg(long, env = "CETERA_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --peer-cert-file.
+    #[arg(long, env = "CETERA_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that every member's peer certificate must chain
+    /// to, on both ends of a peer connection.
+    #[arg(long, env = "CETERA_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
     /// A one-off command instead of serving. The datastore flags
     /// (--endpoint and the TLS files) apply to it too.
     #[command(subcommand)]
@@ -380,7 +392,12 @@ impl Config {
         if addr.ip().is_unspecified() {
             addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }
-        format!("http://{addr}")
+        let scheme = if self.peer_cert_file.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{addr}")
     }
 
     /// Whether this server is a member of a replicated cluster.

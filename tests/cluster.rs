@@ -7,7 +7,7 @@
 //! - a member cut off from the others refuses writes and linearizable reads,
 //!   and catches up once the cut heals; the same for a cut-off leader, under
 //!   load, with the history checked;
-//! - MemberRemove and MemberPromote, with etcd's errors;
+//! - MemberRemove and MemberPromote, with etcd's errors; peers over mutual TLS;
 //! - a single-node datastore becomes a cluster's founder in place and keeps
 //!   its keys and revisions; a member's datastore serves alone again.
 //!
@@ -566,4 +566,68 @@ async fn members_are_removed_and_promoted_as_etcd_does() {
             .len(),
         2
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_talk_over_mutual_tls() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::certs::Ca::new("peer CA");
+    let names = ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"];
+    let (cert, key) = ca.issue_for("member", &names, &[ServerAuth, ClientAuth]);
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (cert, key, ca) = (
+        file("cert.pem", &cert),
+        file("key.pem", &key),
+        file("ca.pem", &ca.pem),
+    );
+    let args = [
+        "--peer-cert-file",
+        &cert,
+        "--peer-key-file",
+        &key,
+        "--peer-trusted-ca-file",
+        &ca,
+    ];
+    let cluster = Cluster::start_direct(3, &args).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+    let put = member_client(&cluster, follower)
+        .await
+        .put("tls", "v", None)
+        .await
+        .unwrap();
+    let other = member_client(&cluster, (leader + 2) % 3).await;
+    let got = other.clone().get("tls", None).await.unwrap();
+    assert_eq!(
+        got.kvs()[0].mod_revision(),
+        put.header().unwrap().revision()
+    );
+    let list = other.clone().member_list().await.unwrap();
+    assert!(
+        list.members()
+            .iter()
+            .all(|m| m.peer_urls()[0].starts_with("https://")),
+        "{:?}",
+        list.members()
+    );
+    // The peer port speaks TLS only, and wants a certificate from the CA.
+    let peer_url = list.members()[0].peer_urls()[0].replace("https://", "http://");
+    let plain = tonic::transport::Endpoint::from_shared(peer_url)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(2));
+    let channel = plain.connect().await;
+    let refused = match channel {
+        Err(_) => true,
+        Ok(channel) => cetera::proto::ceterapb::peer_client::PeerClient::new(channel)
+            .vote(cetera::proto::ceterapb::Payload::default())
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a plain-text peer call was answered");
 }

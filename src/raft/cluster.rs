@@ -64,6 +64,29 @@ pub struct ClusterOptions {
     pub token_path: PathBuf,
     /// Folder for snapshot files in transit.
     pub scratch: PathBuf,
+    /// TLS for peer traffic, both ways, if configured.
+    pub tls: Option<PeerTls>,
+}
+
+/// The certificates of mutual TLS between members (PEM).
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    /// This member's certificate, as server and as client.
+    pub cert: Vec<u8>,
+    /// Its key.
+    pub key: Vec<u8>,
+    /// The CA every member's certificate chains to.
+    pub ca: Vec<u8>,
+}
+
+impl PeerTls {
+    fn identity(&self) -> tonic::transport::Identity {
+        tonic::transport::Identity::from_pem(&self.cert, &self.key)
+    }
+
+    fn ca(&self) -> tonic::transport::Certificate {
+        tonic::transport::Certificate::from_pem(&self.ca)
+    }
 }
 
 /// This member's view of leadership and the log, for Status and headers.
@@ -147,9 +170,14 @@ impl Cluster {
         let state_machine =
             StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());
         let listen_ip = options.peer_listen_address.ip();
+        let client_tls = options.tls.as_ref().map(|tls| {
+            tonic::transport::ClientTlsConfig::new()
+                .identity(tls.identity())
+                .ca_certificate(tls.ca())
+        });
         let peers = Peers::new(
             &token,
-            None,
+            client_tls,
             (!listen_ip.is_unspecified()).then_some(listen_ip),
         );
         // A follower that stops hearing from its leader waits the leader's
@@ -189,7 +217,9 @@ impl Cluster {
             peer_server: std::sync::Mutex::new(None),
             adding: tokio::sync::Mutex::new(()),
         });
-        cluster.serve_peers(options.peer_listen_address).await?;
+        cluster
+            .serve_peers(options.peer_listen_address, options.tls.as_ref())
+            .await?;
         match &options.mode {
             JoinMode::Init => {
                 if !cluster.raft.is_initialized().await? {
@@ -273,7 +303,11 @@ impl Cluster {
         }
     }
 
-    async fn serve_peers(self: &Arc<Self>, address: SocketAddr) -> anyhow::Result<()> {
+    async fn serve_peers(
+        self: &Arc<Self>,
+        address: SocketAddr,
+        tls: Option<&PeerTls>,
+    ) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(address)
             .await
             .with_context(|| format!("cannot listen for peers on {address}"))?;
@@ -289,7 +323,15 @@ impl Cluster {
                 Ok::<_, std::io::Error>(socket)
             },
         );
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            // Both ways: members show certificates from the same CA.
+            let config = tonic::transport::ServerTlsConfig::new()
+                .identity(tls.identity())
+                .client_ca_root(tls.ca());
+            builder = builder.tls_config(config).context("peer TLS settings")?;
+        }
+        let server = builder
             .add_service(service)
             .serve_with_incoming(connections);
         let task = tokio::spawn(async move {
@@ -298,7 +340,7 @@ impl Cluster {
             }
         });
         *self.peer_server.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
-        tracing::info!(%address, "serving peers");
+        tracing::info!(%address, tls = tls.is_some(), "serving peers");
         Ok(())
     }
 

@@ -22,7 +22,7 @@ mod state_machine;
 
 use std::io::Cursor;
 
-pub use self::cluster::{Cluster, ClusterOptions, JoinMode, MembershipError};
+pub use self::cluster::{Cluster, ClusterOptions, JoinMode, MembershipError, PeerTls};
 pub use self::member::Member;
 pub use self::peer::MembershipChange;
 

@@ -34,7 +34,7 @@ use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::proto::v3electionpb::election_server::ElectionServer;
 use crate::proto::v3lockpb::lock_server::LockServer;
-use crate::raft::{Cluster, ClusterOptions, JoinMode, Member};
+use crate::raft::{Cluster, ClusterOptions, JoinMode, Member, PeerTls};
 use crate::store::{Identity, Store, StoreOptions};
 use crate::watch::session::SessionOptions;
 
@@ -152,7 +152,31 @@ fn cluster_options(config: &Config) -> anyhow::Result<Option<ClusterOptions>> {
         log_path: beside(".raft-log"),
         token_path: beside(".token"),
         scratch: beside(".snapshots"),
+        tls: peer_tls(config)?,
     }))
+}
+
+/// The peer TLS files, read; all three or none.
+fn peer_tls(config: &Config) -> anyhow::Result<Option<PeerTls>> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    match (
+        &config.peer_cert_file,
+        &config.peer_key_file,
+        &config.peer_trusted_ca_file,
+    ) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), Some(ca)) => Ok(Some(PeerTls {
+            cert: read(cert)?,
+            key: read(key)?,
+            ca: read(ca)?,
+        })),
+        _ => anyhow::bail!(
+            "--peer-cert-file, --peer-key-file and --peer-trusted-ca-file go together: \
+             members verify each other's certificates"
+        ),
+    }
 }
 
 /// What `run` prepares before the datastore is open: client TLS, and the

@@ -32,8 +32,19 @@ impl Ca {
     /// A certificate and key (PEM) for `common_name`, valid for localhost and
     /// 127.0.0.1, for servers or for clients.
     pub fn issue(&self, common_name: &str, usage: ExtendedKeyUsagePurpose) -> (String, String) {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        self.issue_for(common_name, &["localhost", "127.0.0.1"], &[usage])
+    }
+
+    /// A certificate and key (PEM) for `common_name`, valid for `names` (host
+    /// names or IP addresses) and the `usages` given.
+    pub fn issue_for(
+        &self,
+        common_name: &str,
+        names: &[&str],
+        usages: &[ExtendedKeyUsagePurpose],
+    ) -> (String, String) {
+        let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let mut params = CertificateParams::new(names).unwrap();
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
@@ -41,7 +52,7 @@ impl Ca {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();

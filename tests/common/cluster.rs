@@ -181,9 +181,14 @@ impl Cluster {
             let ip = member_ip(i);
             let peer = SocketAddr::new(ip, free_port_on(ip));
             let proxy = proxied.then(|| FaultProxy::start(peer));
+            let scheme = if extra_args.contains(&"--peer-cert-file") {
+                "https"
+            } else {
+                "http"
+            };
             let peer_url = match &proxy {
-                Some(proxy) => format!("http://{}", proxy.addr()),
-                None => format!("http://{peer}"),
+                Some(proxy) => format!("{scheme}://{}", proxy.addr()),
+                None => format!("{scheme}://{peer}"),
             };
             let mut args = vec![
                 "--name".to_string(),
