@@ -217,6 +217,9 @@ impl Cluster {
             peer_server: std::sync::Mutex::new(None),
             adding: tokio::sync::Mutex::new(()),
         });
+        // From here on, no write of this member's own (lease expiry,
+        // compaction) may bypass the log, even while it is still joining.
+        store.replicate_through(cluster.clone());
         cluster
             .serve_peers(options.peer_listen_address, options.tls.as_ref())
             .await?;
@@ -243,7 +246,6 @@ impl Cluster {
                 }
             }
         }
-        store.replicate_through(cluster.clone());
         Ok(cluster)
     }
 
