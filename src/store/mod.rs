@@ -419,6 +419,8 @@ impl<B: Backend> Store<B> {
         &self,
         req: &LeaseTimeToLiveRequest,
     ) -> StoreResult<LeaseTimeToLiveResponse> {
+        // Linearizable, as etcd's (a follower asks its leader).
+        self.read_barrier().await?;
         let mut txn = self.backend.read().await?;
         let Some(lease) = txn.lease(req.id).await? else {
             return Ok(LeaseTimeToLiveResponse {
@@ -450,6 +452,7 @@ impl<B: Backend> Store<B> {
 
     /// etcd LeaseLeases: every lease, soonest deadline first.
     pub async fn leases(&self) -> StoreResult<LeaseLeasesResponse> {
+        self.read_barrier().await?;
         let mut txn = self.backend.read().await?;
         let leases = txn.leases().await?;
         Ok(LeaseLeasesResponse {
