@@ -1,6 +1,7 @@
 //! The Maintenance service: Status, Alarm, Snapshot, Defragment, Hash and
 //! HashKV. MoveLeader and Downgrade answer Unimplemented (a single member
-//! has no leader to move and no cluster version to downgrade).
+//! has no leader to move; a cluster's Raft, openraft 0.9, has no leadership
+//! transfer; there is no cluster version to downgrade).
 
 use std::pin::Pin;
 use std::sync::Arc;
