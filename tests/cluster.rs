@@ -213,97 +213,127 @@ async fn three_members_agree() {
 /// Keys the load works on: few, so that clients contend.
 const LOAD_KEYS: [&str; 3] = ["r0", "r1", "r2"];
 
-/// Runs `clients` clients (each knowing every endpoint) doing puts, gets and
-/// compare-and-swaps until `stop`, recording what they saw in `history`;
-/// counts the operations that succeeded in `succeeded`.
-fn start_load(
-    endpoints: Vec<String>,
-    clients: u64,
+/// Clients (each knowing every endpoint) doing puts, gets and
+/// compare-and-swaps on LOAD_KEYS until finished, recording what they saw.
+struct Load {
     history: History,
     stop: Arc<AtomicBool>,
     succeeded: Arc<AtomicUsize>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..clients)
-        .map(|id| {
-            let (endpoints, history, stop, succeeded) = (
-                endpoints.clone(),
-                history.clone(),
-                stop.clone(),
-                succeeded.clone(),
-            );
-            tokio::spawn(async move {
-                let mut c = client(&endpoints).await;
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let key = LOAD_KEYS[(n as usize + id as usize) % LOAD_KEYS.len()];
-                    let value = format!("c{id}-{n}");
-                    let ok = match n % 3 {
-                        0 => {
-                            let op = history.call(id, Input::put(key, value.clone()));
-                            let result = c.put(key, value, None).await;
-                            match &result {
-                                Ok(_) => history.ret(op, Output::Ok),
-                                Err(_) => history.fail(op),
-                            }
-                            result.is_ok()
-                        }
-                        1 => {
-                            let op = history.call(id, Input::get(key));
-                            let result = c.get(key, None).await;
-                            match &result {
-                                Ok(r) => {
-                                    let value = r.kvs().first().map(|kv| kv.value().to_vec());
-                                    history.ret(op, Output::Value(value))
-                                }
-                                Err(_) => history.fail(op),
-                            }
-                            result.is_ok()
-                        }
-                        _ => {
-                            // CAS from what this client last saw the key hold.
-                            let options = GetOptions::new().with_serializable();
-                            let Ok(seen) = c.get(key, Some(options)).await else {
-                                continue;
-                            };
-                            let expected = seen
-                                .kvs()
-                                .first()
-                                .map(|kv| kv.value_str().unwrap().to_string());
-                            let compare = match &expected {
-                                Some(v) => Compare::value(key, CompareOp::Equal, v.as_str()),
-                                None => Compare::create_revision(key, CompareOp::Equal, 0),
-                            };
-                            let input = Input::cas(key, expected.as_deref(), value.clone());
-                            let op = history.call(id, input);
-                            let txn = Txn::new()
-                                .when([compare])
-                                .and_then([TxnOp::put(key, value, None)]);
-                            let result = c.txn(txn).await;
-                            match &result {
-                                Ok(r) => history.ret(op, Output::Swapped(r.succeeded())),
-                                Err(_) => history.fail(op),
-                            }
-                            result.is_ok()
-                        }
-                    };
-                    if ok {
-                        succeeded.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect()
+    failed: Arc<AtomicUsize>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// Stops the load and checks its history.
-async fn finish_load(stop: &AtomicBool, load: Vec<tokio::task::JoinHandle<()>>, history: &History) {
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        task.await.unwrap();
+impl Load {
+    /// Starts `clients` clients on `endpoints`.
+    fn start(endpoints: Vec<String>, clients: u64) -> Load {
+        let history = History::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let succeeded = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let clients = (0..clients)
+            .map(|id| {
+                let (endpoints, history, stop, succeeded, failed) = (
+                    endpoints.clone(),
+                    history.clone(),
+                    stop.clone(),
+                    succeeded.clone(),
+                    failed.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut c = client(&endpoints).await;
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let ok = Load::operation(&mut c, &history, id, n).await;
+                        let counter = if ok { &succeeded } else { &failed };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Load {
+            history,
+            stop,
+            succeeded,
+            failed,
+            clients,
+        }
     }
-    if let Err(report) = linearizability::check(history) {
-        panic!("the history is not linearizable: {report}");
+
+    /// Client `id`'s `n`th operation; whether it succeeded.
+    async fn operation(c: &mut Client, history: &History, id: u64, n: u64) -> bool {
+        let key = LOAD_KEYS[(n as usize + id as usize) % LOAD_KEYS.len()];
+        let value = format!("c{id}-{n}");
+        match n % 3 {
+            0 => {
+                let op = history.call(id, Input::put(key, value.clone()));
+                let result = c.put(key, value, None).await;
+                match &result {
+                    Ok(_) => history.ret(op, Output::Ok),
+                    Err(_) => history.fail(op),
+                }
+                result.is_ok()
+            }
+            1 => {
+                let op = history.call(id, Input::get(key));
+                let result = c.get(key, None).await;
+                match &result {
+                    Ok(r) => {
+                        let value = r.kvs().first().map(|kv| kv.value().to_vec());
+                        history.ret(op, Output::Value(value))
+                    }
+                    Err(_) => history.fail(op),
+                }
+                result.is_ok()
+            }
+            _ => {
+                // CAS from what this client last saw the key hold.
+                let options = GetOptions::new().with_serializable();
+                let Ok(seen) = c.get(key, Some(options)).await else {
+                    return false;
+                };
+                let expected = seen
+                    .kvs()
+                    .first()
+                    .map(|kv| kv.value_str().unwrap().to_string());
+                let compare = match &expected {
+                    Some(v) => Compare::value(key, CompareOp::Equal, v.as_str()),
+                    None => Compare::create_revision(key, CompareOp::Equal, 0),
+                };
+                let input = Input::cas(key, expected.as_deref(), value.clone());
+                let op = history.call(id, input);
+                let txn = Txn::new()
+                    .when([compare])
+                    .and_then([TxnOp::put(key, value, None)]);
+                let result = c.txn(txn).await;
+                match &result {
+                    Ok(r) => history.ret(op, Output::Swapped(r.succeeded())),
+                    Err(_) => history.fail(op),
+                }
+                result.is_ok()
+            }
+        }
+    }
+
+    /// Operations that succeeded so far.
+    fn succeeded(&self) -> usize {
+        self.succeeded.load(Ordering::Relaxed)
+    }
+
+    /// Operations that failed so far.
+    fn failed(&self) -> usize {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Stops the clients and checks the history.
+    async fn finish(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients {
+            client.await.unwrap();
+        }
+        if let Err(report) = linearizability::check(&self.history) {
+            panic!("the history is not linearizable: {report}");
+        }
     }
 }
 
@@ -329,16 +359,7 @@ async fn converges(cluster: &Cluster, i: usize, j: usize, prefix: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_under_load() {
     let mut cluster = Cluster::start(3).await;
-    let history = History::new();
-    let stop = Arc::new(AtomicBool::new(false));
-    let succeeded = Arc::new(AtomicUsize::new(0));
-    let load = start_load(
-        cluster.endpoints(),
-        4,
-        history.clone(),
-        stop.clone(),
-        succeeded.clone(),
-    );
+    let load = Load::start(cluster.endpoints(), 4);
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let leader = cluster.leader(&[], Duration::from_secs(5)).await;
@@ -352,18 +373,45 @@ async fn leader_killed_under_load() {
         "a new leader took {failover:?}"
     );
 
-    let before = succeeded.load(Ordering::Relaxed);
+    let before = load.succeeded();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = succeeded.load(Ordering::Relaxed);
+    let after = load.succeeded();
     assert!(
         after > before + 20,
         "clients did not carry on: {before} -> {after} operations"
     );
-    finish_load(&stop, load, &history).await;
+    load.finish().await;
 
     // The killed leader comes back and catches up.
     cluster.members[leader].restart().await;
     converges(&cluster, leader, new_leader, "r").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_under_load() {
+    let cluster = Cluster::start(3).await;
+    let load = Load::start(cluster.endpoints(), 4);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Around the members: each follower in turn becomes the leader.
+    for _ in 0..3 {
+        let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+        let next = (leader + 1) % 3;
+        let target = status(&cluster.members[next].endpoint())
+            .await
+            .unwrap()
+            .header
+            .unwrap()
+            .member_id;
+        let before = load.succeeded();
+        let mut c = member_client(&cluster, leader).await;
+        c.move_leader(target).await.unwrap();
+        assert_eq!(cluster.leader(&[], Duration::from_secs(5)).await, next);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(load.succeeded() > before, "clients stalled after a move");
+    }
+    // Writes sent during a handover wait for the new leader; none fails.
+    assert_eq!(load.failed(), 0);
+    load.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,16 +443,7 @@ async fn cut_off_members_refuse_writes_then_catch_up() {
     converges(&cluster, follower, leader, "p").await;
 
     // The leader cut off, under load: the others elect a leader and go on.
-    let history = History::new();
-    let stop = Arc::new(AtomicBool::new(false));
-    let succeeded = Arc::new(AtomicUsize::new(0));
-    let load = start_load(
-        cluster.endpoints(),
-        4,
-        history.clone(),
-        stop.clone(),
-        succeeded.clone(),
-    );
+    let load = Load::start(cluster.endpoints(), 4);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     cluster.isolate(leader);
     let new_leader = cluster.leader(&[leader], Duration::from_secs(10)).await;
@@ -420,7 +459,7 @@ async fn cut_off_members_refuse_writes_then_catch_up() {
     majority.put("q-majority", "v", None).await.unwrap();
     cluster.heal(leader);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    finish_load(&stop, load, &history).await;
+    load.finish().await;
     converges(&cluster, leader, new_leader, "r").await;
     assert!(
         old.get("q", None).await.unwrap().kvs().is_empty(),
@@ -630,4 +669,274 @@ async fn members_talk_over_mutual_tls() {
             .is_err(),
     };
     assert!(refused, "a plain-text peer call was answered");
+}
+
+/// The Cluster service's and MoveLeader's answers in a 3-member cluster,
+/// one line per call, for the same calls on real etcd and on cetera:
+/// refusals with their code and message, successes with what they show.
+/// `leader` is the index in `endpoints` of the member that leads.
+async fn membership_outcomes(endpoints: &[String], leader: usize) -> Vec<String> {
+    use cetera::proto::etcdserverpb::cluster_client::ClusterClient;
+    use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
+    use cetera::proto::etcdserverpb::{
+        Member, MemberAddRequest, MemberListRequest, MemberPromoteRequest, MemberRemoveRequest,
+        MemberUpdateRequest, MoveLeaderRequest, StatusRequest,
+    };
+    let follower = (leader + 1) % endpoints.len();
+    let mut c = ClusterClient::new(common::channel(&endpoints[follower]).await);
+    let mut on_leader = MaintenanceClient::new(common::channel(&endpoints[leader]).await);
+    let mut on_follower = MaintenanceClient::new(common::channel(&endpoints[follower]).await);
+    let members = c
+        .member_list(MemberListRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    let id_of = |endpoint: &str| {
+        members
+            .iter()
+            .find(|m| m.client_ur_ls.iter().any(|u| u == endpoint))
+            .map(|m| m.id)
+            .unwrap()
+    };
+    let (leader_id, follower_id) = (id_of(&endpoints[leader]), id_of(&endpoints[follower]));
+    let taken = members[0].peer_ur_ls.clone();
+    let refused = |status: tonic::Status| format!("{:?}: {}", status.code(), status.message());
+    let shape = |m: &Member| {
+        format!(
+            "learner={} name={:?} peer_urls={:?} client_urls={:?}",
+            m.is_learner, m.name, m.peer_ur_ls, m.client_ur_ls
+        )
+    };
+    let add = |urls: &[&str], is_learner: bool| MemberAddRequest {
+        peer_ur_ls: urls.iter().map(|u| u.to_string()).collect(),
+        is_learner,
+    };
+    let mut seen = Vec::new();
+
+    for urls in [
+        vec!["foo"],
+        vec!["http://127.0.0.1"],
+        vec!["http://127.0.0.1:1234/path"],
+        vec!["ftp://127.0.0.1:1"],
+        vec![],
+    ] {
+        let outcome = c.member_add(add(&urls, true)).await.unwrap_err();
+        seen.push(format!("add {urls:?}: {}", refused(outcome)));
+    }
+    let outcome = c.member_add(MemberAddRequest {
+        peer_ur_ls: taken.clone(),
+        is_learner: true,
+    });
+    seen.push(format!(
+        "add taken: {}",
+        refused(outcome.await.unwrap_err())
+    ));
+
+    // A voter that never starts: the three others are still a quorum.
+    let voter = c
+        .member_add(add(&["http://127.0.0.12:2380"], false))
+        .await
+        .unwrap()
+        .into_inner();
+    let voter_id = voter.member.as_ref().unwrap().id;
+    seen.push(format!(
+        "add voter: {} of {}",
+        shape(voter.member.as_ref().unwrap()),
+        voter.members.len()
+    ));
+    let removed = c
+        .member_remove(MemberRemoveRequest { id: voter_id })
+        .await
+        .unwrap()
+        .into_inner();
+    seen.push(format!("remove voter: {} left", removed.members.len()));
+
+    let learner = c
+        .member_add(add(&["http://127.0.0.9:2380"], true))
+        .await
+        .unwrap()
+        .into_inner();
+    let learner_id = learner.member.as_ref().unwrap().id;
+    seen.push(format!(
+        "add learner: {} of {}",
+        shape(learner.member.as_ref().unwrap()),
+        learner.members.len()
+    ));
+    let listed = ClusterClient::new(common::channel(&endpoints[leader]).await)
+        .member_list(MemberListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = listed.members.iter().find(|m| m.id == learner_id).unwrap();
+    seen.push(format!("listed learner: {}", shape(listed)));
+    let outcome = c.member_add(add(&["http://127.0.0.10:2380"], true)).await;
+    seen.push(format!(
+        "add 2nd learner: {}",
+        refused(outcome.unwrap_err())
+    ));
+
+    for (what, id) in [
+        ("learner", learner_id),
+        ("voter", follower_id),
+        ("unknown", 12345),
+    ] {
+        let outcome = c.member_promote(MemberPromoteRequest { id }).await;
+        seen.push(format!("promote {what}: {}", refused(outcome.unwrap_err())));
+    }
+
+    let update = |id: u64, urls: &[String]| MemberUpdateRequest {
+        id,
+        peer_ur_ls: urls.to_vec(),
+    };
+    let outcome = c.member_update(update(12345, &taken)).await;
+    seen.push(format!("update unknown: {}", refused(outcome.unwrap_err())));
+    let outcome = c.member_update(update(learner_id, &taken)).await;
+    seen.push(format!(
+        "update to taken: {}",
+        refused(outcome.unwrap_err())
+    ));
+    let move_to = |target_id: u64| MoveLeaderRequest { target_id };
+    let outcome = on_follower.move_leader(move_to(leader_id)).await;
+    seen.push(format!(
+        "move on follower: {}",
+        refused(outcome.unwrap_err())
+    ));
+    for (what, id) in [("unknown", 12345), ("learner", learner_id)] {
+        let outcome = on_leader.move_leader(move_to(id)).await;
+        seen.push(format!("move to {what}: {}", refused(outcome.unwrap_err())));
+    }
+    let outcome = on_leader.move_leader(move_to(leader_id)).await.unwrap();
+    seen.push(format!("move to itself: {:?}", outcome.get_ref()));
+
+    let moved = ["http://127.0.0.11:2380".to_string()];
+    let updated = c
+        .member_update(update(learner_id, &moved))
+        .await
+        .unwrap()
+        .into_inner();
+    // Not its learner flag: etcd 3.5.1 loses it here (etcd-io/etcd#21694).
+    let shown = updated.members.iter().find(|m| m.id == learner_id).unwrap();
+    seen.push(format!(
+        "update learner: name={:?} peer_urls={:?} client_urls={:?} of {}",
+        shown.name,
+        shown.peer_ur_ls,
+        shown.client_ur_ls,
+        updated.members.len()
+    ));
+
+    let removed = c
+        .member_remove(MemberRemoveRequest { id: learner_id })
+        .await
+        .unwrap()
+        .into_inner();
+    seen.push(format!("remove learner: {} left", removed.members.len()));
+    let outcome = c
+        .member_remove(MemberRemoveRequest { id: learner_id })
+        .await;
+    seen.push(format!("remove again: {}", refused(outcome.unwrap_err())));
+
+    // The handover itself: the follower leads once MoveLeader answers.
+    let moved = on_leader.move_leader(move_to(follower_id)).await.unwrap();
+    seen.push(format!("move to follower: {:?}", moved.get_ref()));
+    for endpoint in [&endpoints[leader], &endpoints[follower]] {
+        let status = MaintenanceClient::new(common::channel(endpoint).await)
+            .status(StatusRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        seen.push(format!(
+            "leader after the move is the follower: {}",
+            status.leader == follower_id
+        ));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_and_move_leader_answer_as_etcd_does() {
+    let Some(etcd) = common::etcd_cluster::EtcdCluster::start(3).await else {
+        return;
+    };
+    etcd.wait_reconfigurable().await;
+    let etcd_leader = etcd.leader().await;
+    let expected = membership_outcomes(&etcd.endpoints(), etcd_leader).await;
+    drop(etcd);
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let seen = membership_outcomes(&cluster.endpoints(), leader).await;
+    assert_eq!(seen, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_through_the_api_starts_with_its_id() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let mut c = member_client(&cluster, (leader + 1) % 3).await;
+    c.put("before", "v", None).await.unwrap();
+    let newcomer = cluster.plan_member();
+    let peer_url = cluster.members[newcomer].peer_url.clone();
+    let learner = etcd_client::MemberAddOptions::new().with_is_learner();
+    let added = c.member_add([&peer_url], Some(learner)).await.unwrap();
+    let id = added.member().unwrap().id();
+
+    // Started with --join and the peer URL MemberAdd was given, the server
+    // is that member: it reports its id and stays a learner until promoted.
+    cluster.start_member(newcomer).await;
+    let endpoint = cluster.members[newcomer].endpoint();
+    let first = status(&endpoint).await.unwrap();
+    assert_eq!(first.header.unwrap().member_id, id);
+    assert!(first.is_learner);
+    let shown = c.member_list().await.unwrap();
+    let shown = shown.members().iter().find(|m| m.id() == id).unwrap();
+    assert_eq!(shown.name(), format!("member-{newcomer}"));
+    assert_eq!(shown.client_urls(), std::slice::from_ref(&endpoint));
+    assert!(shown.is_learner());
+
+    // Promoted once it has caught up; then it votes and has the data.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.member_promote(id).await {
+            Ok(_) => break,
+            Err(error) if Instant::now() < deadline => {
+                let (_, message) = grpc_error(error);
+                assert!(message.contains("in sync with leader"), "{message}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("not promoted: {error}"),
+        }
+    }
+    assert!(!status(&endpoint).await.unwrap().is_learner);
+    assert_eq!(keys_on(&cluster, newcomer, "before").await.len(), 1);
+    // Its peer URL stays its own: a new server cannot take it.
+    let refused = c.member_add([&peer_url], None).await.unwrap_err();
+    assert_eq!(
+        grpc_error(refused).1,
+        "etcdserver: Peer URLs already exists"
+    );
+    // Where etcd 3.5.1 takes a bad URL and then crashes on it, cetera refuses;
+    // and a member has one peer URL.
+    for urls in [vec!["foo".to_string()], vec![peer_url.clone(), peer_url]] {
+        let refused = c.member_update(id, urls).await.unwrap_err();
+        assert_eq!(grpc_error(refused).0, tonic::Code::InvalidArgument);
+    }
+
+    // etcdctl finds the leader among the endpoints and moves leadership.
+    let etcdctl = common::etcdctl_35().expect("etcdctl 3.5");
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let leader_id = status(&cluster.members[leader].endpoint())
+        .await
+        .unwrap()
+        .header
+        .unwrap()
+        .member_id;
+    let endpoints = cluster.endpoints().join(",");
+    let moved = common::run_etcdctl(&etcdctl, &endpoints, &["move-leader", &format!("{id:x}")]);
+    assert_eq!(
+        String::from_utf8_lossy(&moved.stdout).trim(),
+        format!("Leadership transferred from {leader_id:x} to {id:x}"),
+        "{moved:?}"
+    );
+    assert_eq!(cluster.leader(&[], Duration::from_secs(5)).await, newcomer);
+    c.put("after-move", "v", None).await.unwrap();
 }

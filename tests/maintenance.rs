@@ -12,8 +12,8 @@ use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use cetera::proto::etcdserverpb::{
     CompactionRequest, DefragmentRequest, DeleteRangeRequest, HashKvRequest, HashRequest,
-    LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
-    StatusRequest,
+    LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, MoveLeaderRequest, PutRequest,
+    RangeRequest, StatusRequest,
 };
 use common::datastore::FreshDatabase;
 use common::{Cetera, channel, differential, etcdctl_34, etcdctl_35, outcome, run_etcdctl};
@@ -461,6 +461,27 @@ async fn hash_kv_and_hash_errors_match_etcd() {
             format!("{r:?}")
         });
         side.note("defragment", shown);
+    })
+    .await;
+}
+
+/// A single member leads already: MoveLeader to itself succeeds without a
+/// header, to anyone else it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_leader_on_a_single_member_matches_etcd() {
+    differential(&[], &[], async |side| {
+        let mut maintenance = MaintenanceClient::new(side.channel.clone());
+        let status = maintenance.status(StatusRequest {}).await.unwrap();
+        let me = status.get_ref().header.as_ref().unwrap().member_id;
+        for (what, target_id) in [("itself", me), ("unknown", me ^ 1), ("zero", 0)] {
+            let result = maintenance
+                .move_leader(MoveLeaderRequest { target_id })
+                .await;
+            side.note(
+                format!("move to {what}"),
+                outcome(result, |r| format!("{r:?}")),
+            );
+        }
     })
     .await;
 }

@@ -1,7 +1,6 @@
-//! The Cluster service: a single server lists itself, a member of a
-//! replicated cluster lists the Raft membership and removes or promotes
-//! members through it. Members join with `--join`; MemberAdd and
-//! MemberUpdate answer Unimplemented.
+//! The Cluster service: a single server lists itself; a member of a
+//! replicated cluster lists the Raft membership and adds, updates, removes
+//! and promotes members through it, with etcd's rules and errors.
 
 use std::sync::Arc;
 
@@ -53,38 +52,68 @@ impl ClusterService {
         }
     }
 
-    /// Removes or promotes a member of the cluster, with etcd's errors; the
-    /// members afterwards.
+    /// Makes a membership change, with etcd's errors; the members afterwards.
     async fn change(&self, change: MembershipChange) -> Result<Vec<Member>, Status> {
         let Some(cluster) = &self.info.cluster else {
-            return Err(needs_replication());
+            return Err(single_server());
         };
-        match cluster.change_membership(change).await {
-            Ok(()) => Ok(self.members()),
-            Err(MembershipError::NotFound) => {
-                Err(Status::new(Code::NotFound, "etcdserver: member not found"))
-            }
-            Err(MembershipError::NotLearner) => Err(Status::new(
-                Code::FailedPrecondition,
-                "etcdserver: can only promote a learner member",
-            )),
-            Err(MembershipError::NoLeader) => {
-                Err(Status::new(Code::Unavailable, "etcdserver: no leader"))
-            }
-            Err(MembershipError::Failed(message)) => Err(Status::new(
-                Code::Unavailable,
-                format!("cetera: membership change failed: {message}"),
-            )),
-        }
+        cluster
+            .change_membership(change)
+            .await
+            .map_err(membership_status)?;
+        Ok(self.members())
     }
 }
 
-/// MemberAdd and MemberUpdate, and any change on a single server.
-fn needs_replication() -> Status {
+/// etcd's status for a failed membership change.
+fn membership_status(error: MembershipError) -> Status {
+    let code = match error {
+        MembershipError::NotFound => Code::NotFound,
+        MembershipError::NotLearner
+        | MembershipError::LearnerNotReady
+        | MembershipError::PeerUrlExists
+        | MembershipError::TooManyLearners => Code::FailedPrecondition,
+        MembershipError::NoLeader => Code::Unavailable,
+        MembershipError::Failed(message) => {
+            return Status::unavailable(format!("cetera: membership change failed: {message}"));
+        }
+    };
+    Status::new(code, format!("etcdserver: {error}"))
+}
+
+/// A single server has no other members to change.
+fn single_server() -> Status {
     Status::unimplemented(
-        "cetera: members join a replicated cluster with --join; MemberAdd and MemberUpdate \
-         are not implemented, and a single server has no members to change",
+        "cetera: a single server has no members to change; start a replicated cluster with \
+         --cluster-init and --join",
     )
+}
+
+/// The one peer URL of a member, checked as etcd checks URLs: http or https,
+/// a host with a port, nothing after it. A cetera member has one peer URL.
+fn peer_url(urls: &[String]) -> Result<String, Status> {
+    let bad = || Status::invalid_argument("etcdserver: given member URLs are invalid");
+    let [url] = urls else {
+        if urls.is_empty() {
+            return Err(bad());
+        }
+        return Err(Status::invalid_argument(
+            "cetera: a member has exactly one peer URL",
+        ));
+    };
+    let url = url.trim();
+    let uri: http::Uri = url.parse().map_err(|_| bad())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(bad());
+    };
+    let plain = matches!(scheme, "http" | "https")
+        && authority.port().is_some()
+        && url == format!("{scheme}://{authority}");
+    if plain {
+        Ok(url.to_string())
+    } else {
+        Err(bad())
+    }
 }
 
 #[tonic::async_trait]
@@ -95,7 +124,23 @@ impl Cluster for ClusterService {
     ) -> Result<Response<MemberAddResponse>, Status> {
         // Membership changes are for admins (etcd's checkMembershipOperationPermission).
         self.info.auth.require_admin(request.metadata())?;
-        Err(needs_replication())
+        let request = request.into_inner();
+        let peer_url = peer_url(&request.peer_ur_ls)?;
+        // etcd derives ids from the URLs and the time; any unused id will do.
+        let id = rand::random_range(1..=i64::MAX as u64);
+        let members = self
+            .change(MembershipChange::Add {
+                id,
+                peer_url,
+                learner: request.is_learner,
+            })
+            .await?;
+        let member = members.iter().find(|m| m.id == id).cloned();
+        Ok(Response::new(MemberAddResponse {
+            header: self.info.header(0),
+            member,
+            members,
+        }))
     }
 
     async fn member_remove(
@@ -119,7 +164,18 @@ impl Cluster for ClusterService {
     ) -> Result<Response<MemberUpdateResponse>, Status> {
         // Membership changes are for admins (etcd's checkMembershipOperationPermission).
         self.info.auth.require_admin(request.metadata())?;
-        Err(needs_replication())
+        let request = request.into_inner();
+        let peer_url = peer_url(&request.peer_ur_ls)?;
+        let members = self
+            .change(MembershipChange::Update {
+                id: request.id,
+                peer_url,
+            })
+            .await?;
+        Ok(Response::new(MemberUpdateResponse {
+            header: self.info.header(0),
+            members,
+        }))
     }
 
     async fn member_list(

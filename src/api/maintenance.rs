@@ -1,7 +1,6 @@
-//! The Maintenance service: Status, Alarm, Snapshot, Defragment, Hash and
-//! HashKV. MoveLeader and Downgrade answer Unimplemented (a single member
-//! has no leader to move; a cluster's Raft, openraft 0.9, has no leadership
-//! transfer; there is no cluster version to downgrade).
+//! The Maintenance service: Status, Alarm, Snapshot, Defragment, Hash,
+//! HashKV and MoveLeader. Downgrade answers Unimplemented (there is no
+//! cluster version to downgrade).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,6 +18,7 @@ use crate::proto::etcdserverpb::{
     MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
     StatusResponse,
 };
+use crate::raft::HandoverError;
 use crate::store::Store;
 use crate::store::alarm::{self, AlarmChange};
 
@@ -269,9 +269,24 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
         self.info.auth.require_admin(request.metadata())?;
-        Err(Status::unimplemented(
-            "cetera: MoveLeader is not implemented yet",
-        ))
+        let target = request.get_ref().target_id;
+        let moved = match &self.info.cluster {
+            // A single server leads already, and nobody else can.
+            None if target == self.info.identity.member_id => Ok(()),
+            None => Err(HandoverError::BadTransferee),
+            Some(cluster) => cluster.move_leader(target).await,
+        };
+        moved.map_err(|error| {
+            let code = match error {
+                HandoverError::NotLeader | HandoverError::BadTransferee => {
+                    tonic::Code::FailedPrecondition
+                }
+                HandoverError::TimedOut => tonic::Code::Unavailable,
+            };
+            Status::new(code, format!("etcdserver: {error}"))
+        })?;
+        // etcd answers without a header.
+        Ok(Response::new(MoveLeaderResponse { header: None }))
     }
 
     async fn downgrade(

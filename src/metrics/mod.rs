@@ -53,10 +53,15 @@ pub struct Metrics {
     pub leases_renewed: IntCounter,
     /// Leases in the database (cetera_leases_active).
     pub leases_active: IntGauge,
-    /// Always 1: a single server is its own leader (etcd: etcd_server_has_leader).
+    /// Whether there is a leader: always 1 on a single server, its own
+    /// leader (etcd: etcd_server_has_leader).
     pub has_leader: IntGauge,
-    /// Always 1 (etcd: etcd_server_is_leader).
+    /// Whether this server leads: always 1 on a single server (etcd:
+    /// etcd_server_is_leader).
     pub is_leader: IntGauge,
+    /// Leaders a cluster member has seen come (etcd:
+    /// etcd_server_leader_changes_seen_total).
+    pub leader_changes: IntCounter,
 }
 
 /// The process-wide metrics.
@@ -176,11 +181,16 @@ impl Metrics {
                 "Whether or not this member is a leader. 1 if is, 0 otherwise.",
             )
             .expect("valid metric"),
+            leader_changes: IntCounter::new(
+                "etcd_server_leader_changes_seen_total",
+                "The number of leader changes seen.",
+            )
+            .expect("valid metric"),
             registry,
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -198,6 +208,7 @@ impl Metrics {
             Box::new(metrics.leases_renewed.clone()),
             Box::new(metrics.leases_active.clone()),
             Box::new(metrics.has_leader.clone()),
+            Box::new(metrics.leader_changes.clone()),
             Box::new(metrics.is_leader.clone()),
         ];
         for collector in collectors {

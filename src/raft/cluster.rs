@@ -6,18 +6,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::{ChangeMembers, RaftMetrics, SnapshotPolicy};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{RaftMetrics, SnapshotPolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::log_store::LogStore;
+use super::membership::ask_leader;
 use super::network::{Method, PeerError, Peers};
-use super::peer::{JoinRequest, Joined, MembershipChange, PeerService, Refusal};
+use super::peer::{JoinRequest, Joined, PeerService, Refusal};
 use super::proposal::{Command, Proposal, Waiters};
 use super::state_machine::StateMachine;
 use super::{Member, Raft};
@@ -29,11 +30,9 @@ use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
 
 /// How long a write or a linearizable read may take before it fails with
 /// etcd's "request timed out".
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request waits for an election to end before "no leader".
-const LEADER_WAIT: Duration = Duration::from_secs(3);
-/// How long a new member keeps asking to join.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+pub(super) const LEADER_WAIT: Duration = Duration::from_secs(3);
 
 /// How this member comes to be in a cluster.
 #[derive(Clone, Debug)]
@@ -113,23 +112,6 @@ pub struct MemberStatus {
     pub is_learner: bool,
 }
 
-/// Why a membership change through the etcd API failed.
-#[derive(Debug, thiserror::Error)]
-pub enum MembershipError {
-    /// etcd's ErrMemberNotFound.
-    #[error("member not found")]
-    NotFound,
-    /// etcd's ErrMemberNotLearner.
-    #[error("can only promote a learner member")]
-    NotLearner,
-    /// No leader to make the change.
-    #[error("no leader")]
-    NoLeader,
-    /// The change failed.
-    #[error("{0}")]
-    Failed(String),
-}
-
 /// A running member of a replicated cluster.
 pub struct Cluster {
     id: u64,
@@ -143,8 +125,11 @@ pub struct Cluster {
     /// proposed before a restart never answer a waiter after it.
     next_seq: AtomicU64,
     peer_server: std::sync::Mutex<Option<JoinHandle<()>>>,
-    /// Held while the leader adds a member: one membership change at a time.
-    adding: tokio::sync::Mutex<()>,
+    /// Held while the leader changes the membership or hands over its
+    /// leadership: one change at a time.
+    changing: tokio::sync::Mutex<()>,
+    /// Set while the leader hands over: it takes no writes meanwhile.
+    handing_over: AtomicBool,
 }
 
 impl Cluster {
@@ -158,7 +143,6 @@ impl Cluster {
             .with_context(|| format!("cannot open the Raft log {}", options.log_path.display()))?;
         let was_member = !log.is_empty()?;
         let token = cluster_token(&options, was_member)?;
-        let id = store.identity().member_id;
         if matches!(options.mode, JoinMode::Join { .. }) && !was_member && holds_data(&store) {
             bail!(
                 "this datastore already holds data (revision {}); a joining member starts \
@@ -180,6 +164,17 @@ impl Cluster {
             client_tls,
             (!listen_ip.is_unspecified()).then_some(listen_ip),
         );
+        if let JoinMode::Join { url } = &options.mode
+            && !was_member
+        {
+            // A member MemberAdd made for this peer URL: this server is it.
+            let reserved: Option<u64> =
+                ask_leader(&peers, url, Method::Reserved, &options.member.peer_url).await?;
+            if let Some(id) = reserved {
+                store.adopt_member_id(id).await?;
+            }
+        }
+        let id = store.identity().member_id;
         // A follower that stops hearing from its leader waits the leader's
         // lease (the longest election timeout) plus a random election timeout
         // before it stands: 0.95 to 1.2 s, so that a new leader follows a
@@ -215,8 +210,10 @@ impl Cluster {
             waiters,
             next_seq: AtomicU64::new(clock_ns()),
             peer_server: std::sync::Mutex::new(None),
-            adding: tokio::sync::Mutex::new(()),
+            changing: tokio::sync::Mutex::new(()),
+            handing_over: AtomicBool::new(false),
         });
+        tokio::spawn(report_leadership(id, cluster.metrics.clone()));
         // From here on, no write of this member's own (lease expiry,
         // compaction) may bypass the log, even while it is still joining.
         store.replicate_through(cluster.clone());
@@ -234,7 +231,12 @@ impl Cluster {
             }
             JoinMode::Join { url } => {
                 if !was_member {
-                    let joined = cluster.join(url, &options.member).await?;
+                    let request = JoinRequest {
+                        id,
+                        member: options.member.clone(),
+                    };
+                    let joined: Joined =
+                        ask_leader(&cluster.peers, url, Method::Join, &request).await?;
                     cluster
                         .cluster_id
                         .store(joined.cluster_id, Ordering::Relaxed);
@@ -262,6 +264,39 @@ impl Cluster {
     /// The cluster token peers must present.
     pub(super) fn token(&self) -> &str {
         &self.token
+    }
+
+    /// This member's id.
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Connections to the other members.
+    pub(super) fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    /// Raft's view of this member, kept current.
+    pub(super) fn metrics(&self) -> &watch::Receiver<RaftMetrics<u64, Member>> {
+        &self.metrics
+    }
+
+    /// Held for a membership change or a handover.
+    pub(super) fn changing(&self) -> &tokio::sync::Mutex<()> {
+        &self.changing
+    }
+
+    /// While set, this member takes no writes as leader (see `leadership`).
+    pub(super) fn handing_over(&self) -> &AtomicBool {
+        &self.handing_over
+    }
+
+    /// Fails unless this member leads, naming the leader it knows.
+    pub(super) fn check_leading(&self) -> Result<(), Refusal> {
+        match self.leader() {
+            Some((leader, _)) if leader == self.id => Ok(()),
+            other => Err(Refusal::NotLeader(other)),
+        }
     }
 
     /// Leader, term and log positions as this member sees them.
@@ -373,39 +408,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// Asks the member at `url` (or the leader it names) to add this member.
-    async fn join(&self, url: &str, member: &Member) -> anyhow::Result<Joined> {
-        let request = JoinRequest {
-            id: self.id,
-            member: member.clone(),
-        };
-        let deadline = Instant::now() + JOIN_TIMEOUT;
-        let mut url = url.to_string();
-        loop {
-            let answer: Result<Result<Joined, Refusal>, PeerError> = self
-                .peers
-                .call(&url, Method::Join, &request, JOIN_TIMEOUT)
-                .await;
-            match answer {
-                Ok(Ok(joined)) => return Ok(joined),
-                Ok(Err(Refusal::NotLeader(Some((_, leader))))) => url = leader.peer_url,
-                Ok(Err(Refusal::NotLeader(None) | Refusal::Busy)) => {}
-                Ok(Err(Refusal::Failed(message))) => {
-                    bail!("the cluster refused to add this member: {message}")
-                }
-                Ok(Err(refusal)) => bail!("the cluster refused to add this member: {refusal:?}"),
-                Err(PeerError::Refused { status, .. }) => {
-                    bail!("{url} refused to add this member: {}", status.message())
-                }
-                Err(error) => tracing::warn!("cannot join yet: {error}"),
-            }
-            if Instant::now() > deadline {
-                bail!("could not join the cluster at {url} within {JOIN_TIMEOUT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-
     fn leader(&self) -> Option<(u64, Member)> {
         let metrics = self.metrics.borrow();
         let leader = metrics.current_leader?;
@@ -419,6 +421,9 @@ impl Cluster {
 
     /// As leader: puts `proposal` in the log and returns once it is applied here.
     pub(super) async fn lead_write(&self, proposal: Proposal) -> Result<(), Refusal> {
+        if self.handing_over.load(Ordering::Acquire) {
+            return Err(Refusal::Busy);
+        }
         match self.raft.client_write(proposal).await {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
@@ -436,121 +441,6 @@ impl Cluster {
                 Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
             }
             Err(error) => Err(Refusal::Failed(error.to_string())),
-        }
-    }
-
-    /// As leader: adds a member, as a learner until it has caught up, then
-    /// as a voter.
-    pub(super) async fn lead_join(&self, join: JoinRequest) -> Result<Joined, Refusal> {
-        let refusal = |error: RaftError<u64, ClientWriteError<u64, Member>>| match error {
-            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-                Refusal::NotLeader(f.leader_id.zip(f.leader_node))
-            }
-            RaftError::APIError(ClientWriteError::ChangeMembershipError(
-                ChangeMembershipError::InProgress(_),
-            )) => Refusal::Busy,
-            error => Refusal::Failed(error.to_string()),
-        };
-        let _adding = self.adding.lock().await;
-        if self.leader().map(|(id, _)| id) != Some(self.id) {
-            return Err(Refusal::NotLeader(self.leader()));
-        }
-        tracing::info!(member_id = format_args!("{:x}", join.id), member = %join.member, "adding a member");
-        self.raft
-            .add_learner(join.id, join.member, true)
-            .await
-            .map_err(refusal)?;
-        self.raft
-            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([join.id])), false)
-            .await
-            .map_err(refusal)?;
-        Ok(Joined {
-            cluster_id: self.cluster_id(),
-        })
-    }
-
-    /// As leader: removes or promotes a member, as etcd's MemberRemove and
-    /// MemberPromote do.
-    pub(super) async fn lead_membership_change(
-        &self,
-        change: MembershipChange,
-    ) -> Result<(), Refusal> {
-        let _changing = self.adding.lock().await;
-        if self.leader().map(|(id, _)| id) != Some(self.id) {
-            return Err(Refusal::NotLeader(self.leader()));
-        }
-        let members = self.members();
-        let find = |id: u64| {
-            members
-                .iter()
-                .find(|m| m.id == id)
-                .ok_or(Refusal::MemberNotFound)
-        };
-        let change = match change {
-            MembershipChange::Remove(id) => {
-                let ids = BTreeSet::from([id]);
-                if find(id)?.is_learner {
-                    ChangeMembers::RemoveNodes(ids)
-                } else {
-                    ChangeMembers::RemoveVoters(ids)
-                }
-            }
-            MembershipChange::Promote(id) => {
-                if !find(id)?.is_learner {
-                    return Err(Refusal::MemberNotLearner);
-                }
-                ChangeMembers::AddVoterIds(BTreeSet::from([id]))
-            }
-        };
-        tracing::info!(?change, "changing the membership");
-        match self.raft.change_membership(change, false).await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
-            }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
-                ChangeMembershipError::InProgress(_),
-            ))) => Err(Refusal::Busy),
-            Err(error) => Err(Refusal::Failed(error.to_string())),
-        }
-    }
-
-    /// Removes or promotes a member: here when leading, else through the
-    /// leader. Waits out an election or another change for up to LEADER_WAIT.
-    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), MembershipError> {
-        let deadline = Instant::now() + LEADER_WAIT;
-        loop {
-            let refusal = match self.lead_membership_change(change).await {
-                Ok(()) => return Ok(()),
-                Err(Refusal::NotLeader(Some((leader, member)))) if leader != self.id => {
-                    let answer: Result<Result<(), Refusal>, PeerError> = self
-                        .peers
-                        .call(
-                            &member.peer_url,
-                            Method::ChangeMembers,
-                            &change,
-                            REQUEST_TIMEOUT,
-                        )
-                        .await;
-                    match answer {
-                        Ok(Ok(())) => return Ok(()),
-                        Ok(Err(refusal)) => refusal,
-                        Err(PeerError::Unreachable { .. }) => Refusal::NotLeader(None),
-                        Err(error) => return Err(MembershipError::Failed(error.to_string())),
-                    }
-                }
-                Err(refusal) => refusal,
-            };
-            match refusal {
-                Refusal::MemberNotFound => return Err(MembershipError::NotFound),
-                Refusal::MemberNotLearner => return Err(MembershipError::NotLearner),
-                Refusal::Failed(message) => return Err(MembershipError::Failed(message)),
-                Refusal::NotLeader(_) | Refusal::Busy => {}
-            }
-            if Instant::now() > deadline {
-                return Err(MembershipError::NoLeader);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -687,6 +577,24 @@ impl Replication for Cluster {
 
     fn leads(&self) -> bool {
         self.metrics.borrow().current_leader == Some(self.id)
+    }
+}
+
+/// Keeps the leader gauges of `/metrics` in step with Raft, until Raft stops.
+async fn report_leadership(id: u64, mut raft: watch::Receiver<RaftMetrics<u64, Member>>) {
+    let metrics = crate::metrics::metrics();
+    let mut known = None;
+    loop {
+        let leader = raft.borrow_and_update().current_leader;
+        metrics.has_leader.set(leader.is_some() as i64);
+        metrics.is_leader.set((leader == Some(id)) as i64);
+        if leader.is_some() && leader != known {
+            metrics.leader_changes.inc();
+        }
+        known = leader.or(known);
+        if raft.changed().await.is_err() {
+            return;
+        }
     }
 }
 

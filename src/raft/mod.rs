@@ -10,11 +10,14 @@
 //! own peer service (`peer`), and a `Cluster` ties it together: it proposes
 //! this member's writes (forwarding them to the leader when it follows),
 //! answers linearizable reads after a read index, and reports membership,
-//! leader and term to the etcd API.
+//! leader and term to the etcd API. Membership changes (`membership`) and
+//! leadership handovers (`leadership`) are the leader's to make.
 
 mod cluster;
+mod leadership;
 mod log_store;
 mod member;
+mod membership;
 mod network;
 mod peer;
 mod proposal;
@@ -22,9 +25,10 @@ mod state_machine;
 
 use std::io::Cursor;
 
-pub use self::cluster::{Cluster, ClusterOptions, JoinMode, MembershipError, PeerTls};
+pub use self::cluster::{Cluster, ClusterOptions, JoinMode, PeerTls};
+pub use self::leadership::HandoverError;
 pub use self::member::Member;
-pub use self::peer::MembershipChange;
+pub use self::membership::{MembershipChange, MembershipError};
 
 openraft::declare_raft_types!(
     /// openraft's types for cetera: proposals in, nothing out (answers travel

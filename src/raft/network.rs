@@ -142,6 +142,8 @@ impl Peers {
             Method::ReadIndex => client.read_index(request).await,
             Method::Join => client.join(request).await,
             Method::ChangeMembers => client.change_members(request).await,
+            Method::Reserved => client.reserved(request).await,
+            Method::Campaign => client.campaign(request).await,
         };
         let payload = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
@@ -175,8 +177,12 @@ pub enum Method {
     ReadIndex,
     /// Adding a member.
     Join,
-    /// Removing or promoting a member.
+    /// Adding, updating, removing or promoting a member.
     ChangeMembers,
+    /// The id reserved for a new member.
+    Reserved,
+    /// Standing for leader, as MoveLeader asks.
+    Campaign,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Peers {

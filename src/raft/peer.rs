@@ -1,6 +1,7 @@
 //! The server side of the peer service: hands openraft's messages to the
 //! local Raft member, and serves cetera's own calls (a follower's forwarded
-//! write, read index, join). Calls without the cluster token are refused.
+//! write, read index, joins and membership changes, a handover). Calls
+//! without the cluster token are refused.
 
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
 use super::cluster::Cluster;
+use super::membership::{MembershipChange, MembershipError};
 use super::network::TOKEN_HEADER;
 use super::proposal::Proposal;
 use super::{Member, TypeConfig};
@@ -22,10 +24,8 @@ pub enum Refusal {
     NotLeader(Option<(u64, Member)>),
     /// Another membership change is under way: ask again.
     Busy,
-    /// No member has the id a membership change names.
-    MemberNotFound,
-    /// Only a learner can be promoted.
-    MemberNotLearner,
+    /// A membership change breaks one of etcd's rules.
+    Membership(MembershipError),
     /// It failed.
     Failed(String),
 }
@@ -44,15 +44,6 @@ pub struct JoinRequest {
 pub struct Joined {
     /// The cluster's id, which the new member reports from now on.
     pub cluster_id: u64,
-}
-
-/// A membership change asked through the etcd Cluster service.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub enum MembershipChange {
-    /// MemberRemove: the member leaves the cluster.
-    Remove(u64),
-    /// MemberPromote: the learner becomes a voter.
-    Promote(u64),
 }
 
 /// The peer service of one member.
@@ -123,6 +114,16 @@ impl Peer for PeerService {
 
     async fn change_members(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let change: MembershipChange = self.open(request)?;
-        answer(&self.cluster.lead_membership_change(change).await)
+        answer(&self.cluster.lead_membership_change(&change).await)
+    }
+
+    async fn reserved(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let peer_url: String = self.open(request)?;
+        answer(&self.cluster.lead_reserved(&peer_url))
+    }
+
+    async fn campaign(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let (): () = self.open(request)?;
+        answer(&self.cluster.campaign().await)
     }
 }

@@ -19,6 +19,7 @@ pub mod writer;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -151,7 +152,10 @@ pub struct Store<B: Backend> {
     replication: ReplicationSlot,
     revisions: watch::Receiver<Revisions>,
     publisher: Arc<Publisher<B>>,
-    identity: Identity,
+    cluster_id: u64,
+    /// The member id: fixed, except when a new cluster member takes the id
+    /// reserved for it (`adopt_member_id`).
+    member_id: AtomicU64,
     quota: Quota,
     /// Range counts of committed revisions, reused by later reads.
     counts: CountCache,
@@ -211,7 +215,8 @@ impl<B: Backend> Store<B> {
             replication,
             revisions,
             publisher,
-            identity,
+            cluster_id: identity.cluster_id,
+            member_id: AtomicU64::new(identity.member_id),
             quota: Quota::new(options.quota_backend_bytes),
             counts: CountCache::default(),
             writer,
@@ -221,7 +226,20 @@ impl<B: Backend> Store<B> {
 
     /// The cluster and member ids.
     pub fn identity(&self) -> Identity {
-        self.identity
+        Identity {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes `member_id` as this store's member id from now on: the id a
+    /// cluster reserved for this member before it joined.
+    pub async fn adopt_member_id(&self, member_id: u64) -> anyhow::Result<()> {
+        let mut txn = self.backend.write().await?;
+        txn.set_setting(MEMBER, member_id as i64).await?;
+        txn.commit().await?;
+        self.member_id.store(member_id, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Sends every later write through `replication`, which applies them here
@@ -512,7 +530,7 @@ impl<B: Backend> Store<B> {
         }
         let raise = WriteRequest::Alarm {
             change: AlarmChange::Activate,
-            member_id: self.identity.member_id,
+            member_id: self.identity().member_id,
             alarm: crate::proto::etcdserverpb::AlarmType::Nospace as i32,
         };
         // As in etcd, the request is refused whether or not raising worked.

@@ -29,6 +29,8 @@ pub struct Member {
     /// Its client port on 127.0.0.1.
     pub port: u16,
     peer: SocketAddr,
+    /// The peer URL it advertises.
+    pub peer_url: String,
     /// What other members reach it through, when the cluster can be cut.
     proxy: Option<FaultProxy>,
     dir: PathBuf,
@@ -133,6 +135,10 @@ pub struct Cluster {
     /// The members, founder first.
     pub members: Vec<Member>,
     founder_url: Option<String>,
+    /// Whether members reach each other through fault proxies.
+    proxied: bool,
+    /// Flags every member gets.
+    extra_args: Vec<String>,
     _dir: TempDir,
 }
 
@@ -169,62 +175,80 @@ impl Cluster {
         let mut cluster = Cluster {
             members: Vec::new(),
             founder_url: None,
+            proxied,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             _dir: dir,
         };
         for i in 0..n {
-            let member_dir = cluster._dir.path().join(format!("member-{i}"));
-            std::fs::create_dir_all(&member_dir).expect("member dir");
-            let datastore = match founder_data {
-                Some(data) if i == 0 => data.to_path_buf(),
-                _ => member_dir.join("state.db"),
-            };
-            let ip = member_ip(i);
-            let peer = SocketAddr::new(ip, free_port_on(ip));
-            let proxy = proxied.then(|| FaultProxy::start(peer));
-            let scheme = if extra_args.contains(&"--peer-cert-file") {
-                "https"
-            } else {
-                "http"
-            };
-            let peer_url = match &proxy {
-                Some(proxy) => format!("{scheme}://{}", proxy.addr()),
-                None => format!("{scheme}://{peer}"),
-            };
-            let mut args = vec![
-                "--name".to_string(),
-                format!("member-{i}"),
-                "--token".to_string(),
-                TOKEN.to_string(),
-                "--peer-listen-address".to_string(),
-                peer.to_string(),
-                "--advertise-peer-url".to_string(),
-                peer_url.clone(),
-            ];
-            args.extend(extra_args.iter().map(|a| a.to_string()));
-            match &cluster.founder_url {
-                None => {
-                    args.push("--cluster-init".to_string());
-                    cluster.founder_url = Some(peer_url);
-                }
-                Some(founder) => {
-                    args.push("--join".to_string());
-                    args.push(founder.clone());
-                }
-            }
-            let mut member = Member {
-                proc: None,
-                port: free_port(),
-                peer,
-                proxy,
-                dir: member_dir,
-                datastore,
-                args,
-                runs: 0,
-            };
-            member.launch().await;
-            cluster.members.push(member);
+            let datastore = founder_data.filter(|_| i == 0);
+            let member = cluster.plan_member_on(datastore);
+            cluster.start_member(member).await;
         }
         cluster
+    }
+
+    /// Adds a member that is not started yet and returns its index: it
+    /// founds the cluster if it is the first, else joins it. Its peer URL is
+    /// known from now on, for MemberAdd.
+    pub fn plan_member(&mut self) -> usize {
+        self.plan_member_on(None)
+    }
+
+    fn plan_member_on(&mut self, datastore: Option<&Path>) -> usize {
+        let i = self.members.len();
+        let member_dir = self._dir.path().join(format!("member-{i}"));
+        std::fs::create_dir_all(&member_dir).expect("member dir");
+        let datastore = datastore.map_or_else(|| member_dir.join("state.db"), Path::to_path_buf);
+        let ip = member_ip(i);
+        let peer = SocketAddr::new(ip, free_port_on(ip));
+        let proxy = self.proxied.then(|| FaultProxy::start(peer));
+        let scheme = if self.extra_args.iter().any(|a| a == "--peer-cert-file") {
+            "https"
+        } else {
+            "http"
+        };
+        let peer_url = match &proxy {
+            Some(proxy) => format!("{scheme}://{}", proxy.addr()),
+            None => format!("{scheme}://{peer}"),
+        };
+        let mut args = vec![
+            "--name".to_string(),
+            format!("member-{i}"),
+            "--token".to_string(),
+            TOKEN.to_string(),
+            "--peer-listen-address".to_string(),
+            peer.to_string(),
+            "--advertise-peer-url".to_string(),
+            peer_url.clone(),
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        match &self.founder_url {
+            None => {
+                args.push("--cluster-init".to_string());
+                self.founder_url = Some(peer_url.clone());
+            }
+            Some(founder) => {
+                args.push("--join".to_string());
+                args.push(founder.clone());
+            }
+        }
+        self.members.push(Member {
+            proc: None,
+            port: free_port(),
+            peer,
+            peer_url,
+            proxy,
+            dir: member_dir,
+            datastore,
+            args,
+            runs: 0,
+        });
+        i
+    }
+
+    /// Starts member `i` for the first time and waits until it serves.
+    pub async fn start_member(&mut self, i: usize) {
+        self.members[i].launch().await;
     }
 
     /// Client endpoints of the running members.

@@ -13,6 +13,7 @@
 pub mod certs;
 pub mod cluster;
 pub mod datastore;
+pub mod etcd_cluster;
 pub mod fault_proxy;
 pub mod linearizability;
 pub mod migration;
@@ -509,6 +510,41 @@ impl Drop for Cetera {
     }
 }
 
+/// The command line of one real etcd member: its name, data dir, client and peer URLs
+/// (listened on and advertised) and the `--initial-cluster` it founds with.
+fn etcd_member_args(
+    name: &str,
+    data_dir: &Path,
+    client_url: &str,
+    peer_url: &str,
+    initial_cluster: &str,
+) -> Vec<String> {
+    [
+        "--name",
+        name,
+        "--data-dir",
+        &data_dir.display().to_string(),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        initial_cluster,
+        "--log-level",
+        "error",
+        // Durability is not under test; skipping fsync keeps tests fast on a
+        // loaded machine and does not change any response.
+        "--unsafe-no-fsync",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Real etcd 3.5.1, a single member on 127.0.0.1 with its data in a tempdir.
 pub struct Etcd {
     proc: Proc,
@@ -546,30 +582,13 @@ impl Etcd {
             let client_url = format!("{scheme}://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
             let data_dir = dir.path().join(format!("data-{attempt}"));
-            let mut args: Vec<String> = [
-                "--name",
+            let mut args = etcd_member_args(
                 "default",
-                "--data-dir",
-                &data_dir.display().to_string(),
-                "--listen-client-urls",
+                &data_dir,
                 &client_url,
-                "--advertise-client-urls",
-                &client_url,
-                "--listen-peer-urls",
                 &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-                "--initial-cluster",
                 &format!("default={peer_url}"),
-                "--log-level",
-                "error",
-                // Durability is not under test; skipping fsync keeps tests fast on a
-                // loaded machine and does not change any response.
-                "--unsafe-no-fsync",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            );
             args.extend(extra_args.iter().map(|s| s.to_string()));
             let log = dir.path().join(format!("etcd-{attempt}.log"));
             let mut proc = Proc::spawn(&bin, &args, log);

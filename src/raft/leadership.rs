@@ -1,0 +1,118 @@
+//! Handing leadership to another member: etcd's MoveLeader.
+//!
+//! openraft 0.9 has no leadership transfer, so the leader builds one from
+//! what it has. It stops taking writes and sending heartbeats, waits until
+//! the transferee holds its whole log, and asks it to stand. A leader's own
+//! vote ages past its lease soon after it is elected, so it grants the
+//! transferee's vote at once and steps down; in a larger cluster the other
+//! followers grant it once their leases, no longer renewed, run out. The
+//! old leader does not stand meanwhile.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::cluster::{Cluster, REQUEST_TIMEOUT};
+use super::network::{Method, PeerError};
+use super::peer::Refusal;
+
+/// How long a handover may take, as etcd's MoveLeader allows about that.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the leader waits for the transferee to win before asking again.
+const CAMPAIGN_WAIT: Duration = Duration::from_millis(700);
+
+/// Why MoveLeader failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// etcd's ErrNotLeader: MoveLeader goes to the leader.
+    #[error("not leader")]
+    NotLeader,
+    /// etcd's ErrBadLeaderTransferee: no voter has that id.
+    #[error("bad leader transferee")]
+    BadTransferee,
+    /// etcd's ErrTimeoutLeaderTransfer.
+    #[error("request timed out, leader transfer took too long")]
+    TimedOut,
+}
+
+/// Undoes a handover's pause however it ends.
+struct Paused<'a>(&'a Cluster);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        let cluster = self.0;
+        cluster.raft().runtime_config().heartbeat(true);
+        cluster.raft().runtime_config().elect(true);
+        cluster.handing_over().store(false, Ordering::Release);
+    }
+}
+
+impl Cluster {
+    /// As leader: makes `target` the leader, as etcd's MoveLeader does, and
+    /// returns once it leads.
+    pub async fn move_leader(&self, target: u64) -> Result<(), HandoverError> {
+        let _changing = self.changing().lock().await;
+        if self.check_leading().is_err() {
+            return Err(HandoverError::NotLeader);
+        }
+        if target == self.id() {
+            return Ok(());
+        }
+        let transferee = self
+            .members()
+            .into_iter()
+            .find(|m| m.id == target && !m.is_learner)
+            .ok_or(HandoverError::BadTransferee)?;
+        tracing::info!(to = %transferee.member, "handing over leadership");
+        let deadline = Instant::now() + HANDOVER_TIMEOUT;
+        self.handing_over().store(true, Ordering::Release);
+        self.raft().runtime_config().heartbeat(false);
+        self.raft().runtime_config().elect(false);
+        let _paused = Paused(self);
+        self.raft()
+            .wait(Some(HANDOVER_TIMEOUT))
+            .metrics(
+                |m| {
+                    let matched = m.replication.as_ref().and_then(|r| r.get(&target).copied());
+                    matched.flatten().map(|l| l.index) == m.last_log_index
+                },
+                "the transferee holds the whole log",
+            )
+            .await
+            .map_err(|_| HandoverError::TimedOut)?;
+        loop {
+            let asked: Result<Result<(), Refusal>, PeerError> = self
+                .peers()
+                .call(
+                    &transferee.member.peer_url,
+                    Method::Campaign,
+                    &(),
+                    REQUEST_TIMEOUT,
+                )
+                .await;
+            if let Err(error) = asked {
+                tracing::warn!("cannot ask {} to stand: {error}", transferee.member);
+            }
+            let won = self
+                .raft()
+                .wait(Some(CAMPAIGN_WAIT))
+                .metrics(|m| m.current_leader == Some(target), "the transferee leads")
+                .await;
+            if won.is_ok() {
+                tracing::info!(to = %transferee.member, "handed over leadership");
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(HandoverError::TimedOut);
+            }
+        }
+    }
+
+    /// Stands for leader at once, as the leader handing over asks.
+    pub(super) async fn campaign(&self) -> Result<(), Refusal> {
+        self.raft()
+            .trigger()
+            .elect()
+            .await
+            .map_err(|error| Refusal::Failed(error.to_string()))
+    }
+}

@@ -1,0 +1,360 @@
+//! Who is in the cluster: a new member joining with `--join`, and etcd's
+//! MemberAdd, MemberUpdate, MemberRemove and MemberPromote. The leader makes
+//! every change, one at a time, with etcd's rules; other members forward the
+//! etcd calls to it.
+//!
+//! MemberAdd reserves an id for a peer URL, as etcd does: the member appears
+//! in MemberList without a name or client URLs, and the server started later
+//! with `--join` and that peer URL takes the reserved id.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use openraft::ChangeMembers;
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::Member;
+use super::cluster::{Cluster, LEADER_WAIT, MemberStatus, REQUEST_TIMEOUT};
+use super::network::{Method, PeerError, Peers};
+use super::peer::{JoinRequest, Joined, Refusal};
+
+/// How long a new member keeps asking to join.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a member waits to see a change the leader made for it.
+const MEMBERSHIP_SEEN: Duration = Duration::from_secs(2);
+/// etcd keeps at most this many learners (its MaxLearners).
+const MAX_LEARNERS: usize = 1;
+/// etcd promotes a learner once it holds this share of the leader's log.
+const LEARNER_READY: f64 = 0.9;
+
+/// A membership change asked through the etcd Cluster service.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// MemberAdd: a member that has not started yet, with the id chosen for
+    /// it, reached at `peer_url`.
+    Add {
+        /// Its id.
+        id: u64,
+        /// Where the other members will reach it.
+        peer_url: String,
+        /// Whether it joins as a learner rather than a voter.
+        learner: bool,
+    },
+    /// MemberUpdate: the member is now reached at `peer_url`.
+    Update {
+        /// The member.
+        id: u64,
+        /// Its new peer URL.
+        peer_url: String,
+    },
+    /// MemberRemove: the member leaves the cluster.
+    Remove(u64),
+    /// MemberPromote: the learner becomes a voter.
+    Promote(u64),
+}
+
+/// Why a membership change through the etcd API failed.
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+pub enum MembershipError {
+    /// etcd's ErrMemberNotFound.
+    #[error("member not found")]
+    NotFound,
+    /// etcd's ErrMemberNotLearner.
+    #[error("can only promote a learner member")]
+    NotLearner,
+    /// etcd's ErrLearnerNotReady.
+    #[error("can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    /// etcd's ErrPeerURLexists.
+    #[error("Peer URLs already exists")]
+    PeerUrlExists,
+    /// etcd's ErrTooManyLearners.
+    #[error("too many learner members in cluster")]
+    TooManyLearners,
+    /// No leader to make the change.
+    #[error("no leader")]
+    NoLeader,
+    /// The change failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl MemberStatus {
+    /// Whether a server has ever run as this member: MemberAdd reserves a
+    /// member without a name or client URLs, as etcd shows one.
+    fn started(&self) -> bool {
+        !(self.member.name.is_empty() && self.member.client_urls.is_empty())
+    }
+}
+
+impl Cluster {
+    /// Adds, updates, removes or promotes a member: here when leading, else
+    /// through the leader. Waits out an election or another change for up to
+    /// LEADER_WAIT.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), MembershipError> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            let refusal = match self.lead_membership_change(&change).await {
+                Ok(()) => {
+                    self.see(&change).await;
+                    return Ok(());
+                }
+                Err(Refusal::NotLeader(Some((leader, member)))) if leader != self.id() => {
+                    let answer: Result<Result<(), Refusal>, PeerError> = self
+                        .peers()
+                        .call(
+                            &member.peer_url,
+                            Method::ChangeMembers,
+                            &change,
+                            REQUEST_TIMEOUT,
+                        )
+                        .await;
+                    match answer {
+                        Ok(Ok(())) => {
+                            self.see(&change).await;
+                            return Ok(());
+                        }
+                        Ok(Err(refusal)) => refusal,
+                        Err(PeerError::Unreachable { .. }) => Refusal::NotLeader(None),
+                        Err(error) => return Err(MembershipError::Failed(error.to_string())),
+                    }
+                }
+                Err(refusal) => refusal,
+            };
+            match refusal {
+                Refusal::Membership(error) => return Err(error),
+                Refusal::Failed(message) => return Err(MembershipError::Failed(message)),
+                Refusal::NotLeader(_) | Refusal::Busy => {}
+            }
+            if Instant::now() > deadline {
+                return Err(MembershipError::NoLeader);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits a moment until this member's membership shows `change`, so that
+    /// the members a response lists include it, as etcd's do.
+    async fn see(&self, change: &MembershipChange) {
+        let shows = |m: &openraft::RaftMetrics<u64, Member>| {
+            let membership = m.membership_config.membership();
+            match change {
+                MembershipChange::Add { id, .. } => membership.get_node(id).is_some(),
+                MembershipChange::Update { id, peer_url } => membership
+                    .get_node(id)
+                    .is_some_and(|member| member.peer_url == *peer_url),
+                MembershipChange::Remove(id) => membership.get_node(id).is_none(),
+                MembershipChange::Promote(id) => membership.voter_ids().any(|voter| voter == *id),
+            }
+        };
+        let shown = self
+            .raft()
+            .wait(Some(MEMBERSHIP_SEEN))
+            .metrics(shows, "the changed membership")
+            .await;
+        if shown.is_err() {
+            tracing::warn!(?change, "the membership change is not visible here yet");
+        }
+    }
+
+    /// As leader: makes a change asked through the etcd API, checking etcd's
+    /// rules first.
+    pub(super) async fn lead_membership_change(
+        &self,
+        change: &MembershipChange,
+    ) -> Result<(), Refusal> {
+        let _changing = self.changing().lock().await;
+        self.check_leading()?;
+        let members = self.members();
+        let find = |id: u64| {
+            members
+                .iter()
+                .find(|m| m.id == id)
+                .ok_or(Refusal::Membership(MembershipError::NotFound))
+        };
+        let url_taken = |url: &str, by_other_than: Option<u64>| {
+            members
+                .iter()
+                .any(|m| m.member.peer_url == url && Some(m.id) != by_other_than)
+        };
+        let change = match change {
+            MembershipChange::Add {
+                id,
+                peer_url,
+                learner,
+            } => {
+                if url_taken(peer_url, None) {
+                    return Err(Refusal::Membership(MembershipError::PeerUrlExists));
+                }
+                let reserved = BTreeMap::from([(
+                    *id,
+                    Member {
+                        name: String::new(),
+                        peer_url: peer_url.clone(),
+                        client_urls: Vec::new(),
+                    },
+                )]);
+                if !learner {
+                    ChangeMembers::AddVoters(reserved)
+                } else if members.iter().filter(|m| m.is_learner).count() >= MAX_LEARNERS {
+                    return Err(Refusal::Membership(MembershipError::TooManyLearners));
+                } else {
+                    ChangeMembers::AddNodes(reserved)
+                }
+            }
+            MembershipChange::Update { id, peer_url } => {
+                let mut member = find(*id)?.member.clone();
+                if url_taken(peer_url, Some(*id)) {
+                    return Err(Refusal::Membership(MembershipError::PeerUrlExists));
+                }
+                member.peer_url = peer_url.clone();
+                ChangeMembers::SetNodes(BTreeMap::from([(*id, member)]))
+            }
+            MembershipChange::Remove(id) => {
+                let ids = BTreeSet::from([*id]);
+                if find(*id)?.is_learner {
+                    ChangeMembers::RemoveNodes(ids)
+                } else {
+                    ChangeMembers::RemoveVoters(ids)
+                }
+            }
+            MembershipChange::Promote(id) => {
+                if !find(*id)?.is_learner {
+                    return Err(Refusal::Membership(MembershipError::NotLearner));
+                }
+                if !self.in_sync(*id) {
+                    return Err(Refusal::Membership(MembershipError::LearnerNotReady));
+                }
+                ChangeMembers::AddVoterIds(BTreeSet::from([*id]))
+            }
+        };
+        tracing::info!(?change, "changing the membership");
+        self.apply_membership(change).await
+    }
+
+    /// As leader: adds a server that asked to join. One that MemberAdd
+    /// reserved keeps the role it was given and gains its name and client
+    /// URLs; any other becomes a learner until it has caught up, then a voter.
+    pub(super) async fn lead_join(&self, join: JoinRequest) -> Result<Joined, Refusal> {
+        let _changing = self.changing().lock().await;
+        self.check_leading()?;
+        let members = self.members();
+        let known = members.iter().find(|m| m.id == join.id);
+        if let Some(other) = members
+            .iter()
+            .find(|m| m.member.peer_url == join.member.peer_url && m.id != join.id)
+        {
+            return Err(Refusal::Failed(format!(
+                "peer URL {} belongs to member {:x}",
+                join.member.peer_url, other.id
+            )));
+        }
+        let joined = Joined {
+            cluster_id: self.cluster_id(),
+        };
+        tracing::info!(member_id = format_args!("{:x}", join.id), member = %join.member, "adding a member");
+        if known.is_some_and(|m| !m.started()) {
+            let named = BTreeMap::from([(join.id, join.member)]);
+            self.apply_membership(ChangeMembers::SetNodes(named))
+                .await?;
+            return Ok(joined);
+        }
+        // Again after a retried join: adding a known learner changes nothing.
+        self.raft()
+            .add_learner(join.id, join.member, true)
+            .await
+            .map_err(refusal_of)?;
+        self.apply_membership(ChangeMembers::AddVoterIds(BTreeSet::from([join.id])))
+            .await?;
+        Ok(joined)
+    }
+
+    /// As leader: the id MemberAdd reserved for `peer_url`, if any. A peer
+    /// URL of a member that has run is not for a new server to take: that
+    /// member may have voted, and a server starting empty would forget it.
+    pub(super) fn lead_reserved(&self, peer_url: &str) -> Result<Option<u64>, Refusal> {
+        self.check_leading()?;
+        match self
+            .members()
+            .iter()
+            .find(|m| m.member.peer_url == peer_url)
+        {
+            None => Ok(None),
+            Some(member) if !member.started() => Ok(Some(member.id)),
+            Some(member) => Err(Refusal::Failed(format!(
+                "peer URL {peer_url} belongs to member {:x}, which has run already; remove it \
+                 (etcdctl member remove) and add it again to start it empty",
+                member.id
+            ))),
+        }
+    }
+
+    /// Whether the learner `id` holds etcd's share of the leader's log.
+    fn in_sync(&self, id: u64) -> bool {
+        let metrics = self.metrics().borrow();
+        let leader_has = metrics.last_log_index.unwrap_or(0);
+        let learner_has = metrics
+            .replication
+            .as_ref()
+            .and_then(|replication| replication.get(&id).copied().flatten())
+            .map_or(0, |log_id| log_id.index);
+        learner_has as f64 >= leader_has as f64 * LEARNER_READY
+    }
+
+    async fn apply_membership(&self, change: ChangeMembers<u64, Member>) -> Result<(), Refusal> {
+        self.raft()
+            .change_membership(change, false)
+            .await
+            .map(|_| ())
+            .map_err(refusal_of)
+    }
+}
+
+/// A failed membership change, as the member that asked sees it.
+fn refusal_of(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Refusal {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            Refusal::NotLeader(f.leader_id.zip(f.leader_node))
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(_),
+        )) => Refusal::Busy,
+        error => Refusal::Failed(error.to_string()),
+    }
+}
+
+/// Asks the member at `url`, or the leader it names, to take `request`, for
+/// up to JOIN_TIMEOUT: how a new member finds its reserved id and joins.
+pub(super) async fn ask_leader<Req: Serialize, Resp: DeserializeOwned>(
+    peers: &Peers,
+    url: &str,
+    method: Method,
+    request: &Req,
+) -> anyhow::Result<Resp> {
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    let mut url = url.to_string();
+    loop {
+        let answer: Result<Result<Resp, Refusal>, PeerError> =
+            peers.call(&url, method, request, JOIN_TIMEOUT).await;
+        match answer {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(Refusal::NotLeader(Some((_, leader))))) => url = leader.peer_url,
+            Ok(Err(Refusal::NotLeader(None) | Refusal::Busy)) => {}
+            Ok(Err(Refusal::Failed(message))) => {
+                bail!("the cluster refused to add this member: {message}")
+            }
+            Ok(Err(refusal)) => bail!("the cluster refused to add this member: {refusal:?}"),
+            Err(PeerError::Refused { status, .. }) => {
+                bail!("{url} refused to add this member: {}", status.message())
+            }
+            Err(error) => tracing::warn!("cannot join yet: {error}"),
+        }
+        if Instant::now() > deadline {
+            bail!("could not join the cluster at {url} within {JOIN_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

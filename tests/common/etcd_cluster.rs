@@ -1,0 +1,193 @@
+//! A real etcd 3.5.1 cluster of N members on 127.0.0.1, the reference for
+//! differential tests of the Cluster and Maintenance calls that only mean
+//! something with several members (MemberAdd/Remove/Update/Promote, MoveLeader).
+
+use std::time::{Duration, Instant};
+
+use cetera::proto::etcdserverpb::cluster_client::ClusterClient;
+use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use cetera::proto::etcdserverpb::{MemberListRequest, StatusRequest};
+use tempfile::TempDir;
+
+use super::{PORT_RETRIES, Proc, channel, etcd_bin, etcd_member_args, fail_startup, free_port};
+
+/// How long `leader` waits for the members to agree on a leader.
+const LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// etcd refuses MemberAdd (Unavailable "etcdserver: unhealthy cluster") until
+/// every voter has been connected to the others for its HealthInterval, 5 s.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// N real etcd members founding one cluster; dropping it kills them all.
+pub struct EtcdCluster {
+    procs: Vec<Proc>,
+    client_ports: Vec<u16>,
+    /// When all members answered.
+    ready_at: Instant,
+    dir: TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts an `n`-member cluster (members `m0`..), all at once since each
+    /// waits for the others to come up. `None` (after a loud warning) when the
+    /// binary is not installed and not in CI.
+    pub async fn start(n: usize) -> Option<EtcdCluster> {
+        assert!(n > 0, "a cluster needs a member");
+        let bin = etcd_bin()?;
+        let dir = tempfile::Builder::new()
+            .prefix("etcd-cluster-test-")
+            .tempdir()
+            .expect("create tempdir");
+        for attempt in 1..=PORT_RETRIES {
+            let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+            let peer_url = |i: usize| format!("http://127.0.0.1:{}", ports[i].1);
+            let initial_cluster = (0..n)
+                .map(|i| format!("m{i}={}", peer_url(i)))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut procs: Vec<Proc> = (0..n)
+                .map(|i| {
+                    let client_url = format!("http://127.0.0.1:{}", ports[i].0);
+                    let data_dir = dir.path().join(format!("data-{attempt}-m{i}"));
+                    let args = etcd_member_args(
+                        &format!("m{i}"),
+                        &data_dir,
+                        &client_url,
+                        &peer_url(i),
+                        &initial_cluster,
+                    );
+                    let log = dir.path().join(format!("etcd-{attempt}-m{i}.log"));
+                    Proc::spawn(&bin, &args, log)
+                })
+                .collect();
+            // All members are running by now, so waiting for them one after the
+            // other costs no more than waiting for the slowest.
+            let mut failure = None;
+            for (i, proc) in procs.iter_mut().enumerate() {
+                if let Err((in_use, msg)) = proc
+                    .wait_ready(ports[i].0, &format!("etcd m{i}"), None)
+                    .await
+                {
+                    failure = Some((i, in_use, msg));
+                    break;
+                }
+            }
+            let Some((i, in_use, msg)) = failure else {
+                return Some(EtcdCluster {
+                    procs,
+                    client_ports: ports.iter().map(|p| p.0).collect(),
+                    ready_at: Instant::now(),
+                    dir,
+                });
+            };
+            for proc in &mut procs {
+                proc.kill();
+            }
+            if !(in_use && attempt < PORT_RETRIES) {
+                fail_startup(
+                    &format!("{msg} (initial cluster {initial_cluster})"),
+                    &procs[i].log,
+                );
+            }
+        }
+        unreachable!("the last attempt either returns or panics")
+    }
+
+    /// The members' gRPC endpoints, `http://127.0.0.1:PORT`, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.client_ports
+            .iter()
+            .map(|port| format!("http://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// Member `i`'s ID, as its own Status header gives it.
+    pub async fn member_id(&self, i: usize) -> u64 {
+        let endpoint = &self.endpoints()[i];
+        MaintenanceClient::new(channel(endpoint).await)
+            .status(StatusRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("Status of {endpoint}: {e}"))
+            .into_inner()
+            .header
+            .expect("Status header")
+            .member_id
+    }
+
+    /// The IDs of the members in member order (looked up in MemberList by
+    /// client URL; a member added later without one is not among them).
+    pub async fn member_ids(&self) -> Vec<u64> {
+        let endpoints = self.endpoints();
+        let members = ClusterClient::new(channel(&endpoints[0]).await)
+            .member_list(MemberListRequest { linearizable: true })
+            .await
+            .unwrap_or_else(|e| panic!("MemberList of {}: {e}", endpoints[0]))
+            .into_inner()
+            .members;
+        endpoints
+            .iter()
+            .map(|endpoint| {
+                members
+                    .iter()
+                    .find(|m| m.client_ur_ls.contains(endpoint))
+                    .unwrap_or_else(|| panic!("no member serves {endpoint}: {members:?}"))
+                    .id
+            })
+            .collect()
+    }
+
+    /// The index of the member whose Status says it leads (waiting up to 10 s
+    /// for one to).
+    pub async fn leader(&self) -> usize {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        let mut last = String::from("no answer yet");
+        loop {
+            for (i, endpoint) in self.endpoints().iter().enumerate() {
+                let status = MaintenanceClient::new(channel(endpoint).await)
+                    .status(StatusRequest {})
+                    .await;
+                match status {
+                    Ok(status) => {
+                        let status = status.into_inner();
+                        let id = status.header.as_ref().map_or(0, |h| h.member_id);
+                        if status.leader != 0 && status.leader == id {
+                            return i;
+                        }
+                        last = format!("{endpoint}: leader {:x}", status.leader);
+                    }
+                    Err(e) => last = format!("{endpoint}: {e}"),
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("no leader after {LEADER_TIMEOUT:?} (last: {last})");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the members have been connected long enough for etcd to
+    /// accept MemberAdd (its strict reconfiguration check): the health interval
+    /// after they all answered, plus a second for peers that connected later.
+    pub async fn wait_reconfigurable(&self) {
+        let since = self.ready_at + HEALTH_INTERVAL + Duration::from_secs(1);
+        tokio::time::sleep_until(since.into()).await;
+    }
+
+    /// Everything member `i` printed so far.
+    pub fn log(&self, i: usize) -> String {
+        self.procs[i].log_text()
+    }
+
+    /// Kills member `i` (SIGKILL); the others keep running.
+    pub fn kill(&mut self, i: usize) {
+        self.procs[i].kill();
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for proc in &mut self.procs {
+            proc.kill();
+        }
+    }
+}
