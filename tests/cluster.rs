@@ -940,3 +940,40 @@ async fn a_member_added_through_the_api_starts_with_its_id() {
     assert_eq!(cluster.leader(&[], Duration::from_secs(5)).await, newcomer);
     c.put("after-move", "v", None).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_changes_apply_on_every_member() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let (changer, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    let mut c = member_client(&cluster, changer).await;
+    c.user_add("root", "rootpw", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.auth_enable().await.unwrap();
+
+    // Another member applies the switch with the entry, as etcd does: once
+    // it has applied the entry (its read index passed it), it refuses
+    // anonymous writes within moments, not after its 2 s fallback look.
+    let mut anonymous = member_client(&cluster, other).await;
+    let _ = anonymous.get("x", None).await;
+    let deadline = Instant::now() + Duration::from_millis(300);
+    loop {
+        match anonymous.put("x", "v", None).await {
+            Err(error) => {
+                let (_, message) = grpc_error(error);
+                assert_eq!(message, "etcdserver: user name is empty");
+                break;
+            }
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "member {other} took anonymous writes after auth was enabled"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let options = ConnectOptions::new().with_user("root", "rootpw");
+    let mut root = Client::connect([cluster.members[other].endpoint()], Some(options))
+        .await
+        .unwrap();
+    root.put("x", "root's", None).await.unwrap();
+}

@@ -238,8 +238,14 @@ impl Auth {
         Ok(())
     }
 
-    /// Follows other instances' auth changes for as long as `auth` lives.
-    pub fn follow<B: Backend>(auth: &Arc<Self>, backend: Arc<B>) -> tokio::task::JoinHandle<()> {
+    /// Follows auth changes made elsewhere for as long as `auth` lives:
+    /// those other instances sharing the database commit, and those
+    /// `applied` counts (a cluster's, which this member's writer applies).
+    pub fn follow<B: Backend>(
+        auth: &Arc<Self>,
+        backend: Arc<B>,
+        mut applied: tokio::sync::watch::Receiver<u64>,
+    ) -> tokio::task::JoinHandle<()> {
         let auth = Arc::downgrade(auth);
         tokio::spawn(async move {
             loop {
@@ -247,8 +253,14 @@ impl Auth {
                 // signal wakes only current waiters), so look every few
                 // seconds even without one; SQLite never signals, but only
                 // this instance writes it.
+                let applied_changed = async {
+                    if applied.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
                 tokio::select! {
                     _ = backend.changed() => {}
+                    _ = applied_changed => {}
                     _ = tokio::time::sleep(REFRESH_FALLBACK) => {}
                 }
                 let Some(auth) = auth.upgrade() else { return };

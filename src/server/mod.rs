@@ -220,7 +220,7 @@ async fn serve<B: Backend>(
         )
         .await?,
     );
-    let auth_follower = Auth::follow(&auth, store.shared_database());
+    let auth_follower = Auth::follow(&auth, store.shared_database(), store.auth_changes());
     let info = Arc::new(ServerInfo {
         identity,
         max_request_bytes: config.max_request_bytes,

@@ -285,6 +285,12 @@ impl<B: Backend> Store<B> {
         self.backend.clone()
     }
 
+    /// Counts the auth changes this store's writer applied (see
+    /// `Publisher::auth_changes`).
+    pub fn auth_changes(&self) -> watch::Receiver<u64> {
+        self.publisher.auth_changes()
+    }
+
     /// The hub that tells watchers about new revisions.
     pub fn hub(&self) -> &WatchHub {
         self.publisher.hub()

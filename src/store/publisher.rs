@@ -23,6 +23,8 @@ pub struct Publisher<B> {
     backend: Arc<B>,
     hub: Arc<WatchHub>,
     revisions: watch::Sender<Revisions>,
+    /// Counts the auth changes this instance's writer applied.
+    auth_changes: watch::Sender<u64>,
     order: Mutex<()>,
 }
 
@@ -33,6 +35,7 @@ impl<B: Backend> Publisher<B> {
             backend,
             hub,
             revisions,
+            auth_changes: watch::Sender::new(0),
             order: Mutex::new(()),
         }
     }
@@ -45,6 +48,18 @@ impl<B: Backend> Publisher<B> {
     /// The counters as this instance last saw them.
     pub fn subscribe(&self) -> watch::Receiver<Revisions> {
         self.revisions.subscribe()
+    }
+
+    /// Follows the auth changes this instance's writer applies: in a
+    /// replicated cluster, those other members made.
+    pub fn auth_changes(&self) -> watch::Receiver<u64> {
+        self.auth_changes.subscribe()
+    }
+
+    /// Tells followers of `auth_changes` that users, roles or the auth
+    /// switch changed.
+    pub fn auth_changed(&self) {
+        self.auth_changes.send_modify(|n| *n += 1);
     }
 
     /// Publishes this instance's commit: the revisions it made, and the
@@ -85,6 +100,8 @@ impl<B: Backend> Publisher<B> {
         }
         self.fill(revisions.current).await?;
         self.advance(revisions);
+        // The new contents have their own users and roles.
+        self.auth_changed();
         Ok(())
     }
 

@@ -151,6 +151,9 @@ async fn run<B: Backend>(
                 count_lease_changes(&answers);
                 // Watchers hear of a write before its writer does, as in etcd.
                 publisher.committed(committed, now).await;
+                if answers.iter().any(|a| matches!(a, Ok(WriteResponse::Auth))) {
+                    publisher.auth_changed();
+                }
                 for (queued, answer) in batch.drain(..).zip(answers) {
                     let _ = queued.reply.send(answer);
                 }
