@@ -315,6 +315,18 @@ pub trait Backend: Send + Sync + 'static {
         usize::MAX
     }
 
+    /// From now on a commit need not be durable by itself: something else
+    /// (a replicated member's Raft log) keeps every write until
+    /// `make_durable` has run. Backends that cannot defer keep syncing.
+    fn defer_durability(&self) -> impl Future<Output = BackendResult<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Makes every commit so far durable (after `defer_durability`).
+    fn make_durable(&self) -> impl Future<Output = BackendResult<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Resolves when another instance sharing the database may have
     /// committed (Postgres: a NOTIFY; MySQL: the poll interval passed).
     /// A backend no one else writes to never resolves.

@@ -197,6 +197,32 @@ impl Backend for Sqlite {
         true
     }
 
+    /// synchronous=NORMAL: in WAL mode a commit is then consistent after a
+    /// power loss but may be lost, and the WAL is synced only by
+    /// checkpoints and `make_durable`.
+    async fn defer_durability(&self) -> BackendResult<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(())
+    }
+
+    /// Syncs the WAL (every commit so far) and the database file.
+    async fn make_durable(&self) -> BackendResult<()> {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let files = [std::path::PathBuf::from(wal), self.path.clone()];
+        let synced = tokio::task::spawn_blocking(move || {
+            for file in files.iter().filter(|f| f.exists()) {
+                std::fs::File::open(file)?.sync_data()?;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .map_err(anyhow::Error::from)?;
+        synced.map_err(anyhow::Error::from)?;
+        Ok(())
+    }
+
     async fn size(&self) -> BackendResult<DatabaseSize> {
         let conn = self.take_reader()?;
         let sizes = (|| -> rusqlite::Result<DatabaseSize> {

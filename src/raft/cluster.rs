@@ -150,6 +150,12 @@ impl Cluster {
                 store.revisions().current
             );
         }
+        // Every entry is in the fsynced Raft log until a snapshot covers it:
+        // the store's own commits need not sync (one fsync per write, not
+        // two), and a snapshot makes the store durable before the log is
+        // purged. After a power loss the store may be behind its log; Raft
+        // applies the rest again, exactly once thanks to the marks.
+        store.database().defer_durability().await?;
         let waiters = Arc::new(Waiters::default());
         let state_machine =
             StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());

@@ -134,6 +134,15 @@ impl<B: Backend> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<B> {
             Some(bytes) => Mark::decode(&bytes).map_err(sm_read_error)?,
             None => Mark::default(),
         };
+        drop(txn);
+        // The store commits without syncing (see Cluster::start); openraft
+        // purges the log up to a snapshot, so what the mark covers must be
+        // on disk first.
+        self.store
+            .database()
+            .make_durable()
+            .await
+            .map_err(sm_write_error)?;
         // The data is copied when a member needs it (get_current_snapshot).
         Ok(Snapshot {
             meta: snapshot_meta(&mark),
@@ -217,6 +226,12 @@ impl<B: Backend> RaftStateMachine<TypeConfig> for StateMachine<B> {
             membership: meta.last_membership.clone(),
         };
         self.replace(snapshot.get_ref(), &mark, self.store.identity())
+            .await
+            .map_err(sm_write_error)?;
+        // openraft purges the log the snapshot covers: the store must keep it.
+        self.store
+            .database()
+            .make_durable()
             .await
             .map_err(sm_write_error)?;
         tracing::info!(snapshot = %meta.snapshot_id, "installed a snapshot from the leader");
