@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -128,8 +128,27 @@ pub struct Cluster {
     /// Held while the leader changes the membership or hands over its
     /// leadership: one change at a time.
     changing: tokio::sync::Mutex<()>,
-    /// Set while the leader hands over: it takes no writes meanwhile.
+    /// Set while the leader hands over: it takes no writes and confirms no
+    /// reads meanwhile.
     handing_over: AtomicBool,
+    /// Writes on their way into the log through this member as leader.
+    writing: AtomicUsize,
+}
+
+/// Counts one write in `Cluster::writing` while it lives.
+struct Writing<'a>(&'a AtomicUsize);
+
+impl<'a> Writing<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Writing(count)
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Cluster {
@@ -218,6 +237,7 @@ impl Cluster {
             peer_server: std::sync::Mutex::new(None),
             changing: tokio::sync::Mutex::new(()),
             handing_over: AtomicBool::new(false),
+            writing: AtomicUsize::new(0),
         });
         tokio::spawn(report_leadership(id, cluster.metrics.clone()));
         // From here on, no write of this member's own (lease expiry,
@@ -292,9 +312,15 @@ impl Cluster {
         &self.changing
     }
 
-    /// While set, this member takes no writes as leader (see `leadership`).
+    /// While set, this member takes no writes and confirms no linearizable
+    /// reads as leader (see `leadership`).
     pub(super) fn handing_over(&self) -> &AtomicBool {
         &self.handing_over
+    }
+
+    /// Writes on their way into the log through this member as leader.
+    pub(super) fn writes_in_flight(&self) -> usize {
+        self.writing.load(Ordering::SeqCst)
     }
 
     /// Fails unless this member leads, naming the leader it knows.
@@ -427,7 +453,11 @@ impl Cluster {
 
     /// As leader: puts `proposal` in the log and returns once it is applied here.
     pub(super) async fn lead_write(&self, proposal: Proposal) -> Result<(), Refusal> {
-        if self.handing_over.load(Ordering::Acquire) {
+        // Counted before the handover flag is looked at: a handover sets the
+        // flag and then waits for the count to drop to zero, so no write it
+        // did not wait for can reach the log after it (SeqCst both ways).
+        let _writing = Writing::enter(&self.writing);
+        if self.handing_over.load(Ordering::SeqCst) {
             return Err(Refusal::Busy);
         }
         match self.raft.client_write(proposal).await {
@@ -441,6 +471,9 @@ impl Cluster {
 
     /// As leader: the index a linearizable read must wait for.
     pub(super) async fn lead_read_index(&self) -> Result<u64, Refusal> {
+        if self.handing_over.load(Ordering::Acquire) {
+            return Err(Refusal::Busy);
+        }
         match self.raft.get_read_log_id().await {
             Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
@@ -498,15 +531,23 @@ impl Cluster {
     async fn linearize(&self) -> StoreResult<()> {
         let deadline = Instant::now() + LEADER_WAIT;
         loop {
-            let refusal = match self.raft.ensure_linearizable().await {
-                Ok(_) => return Ok(()),
-                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+            let confirmed = if self.handing_over.load(Ordering::Acquire) {
+                // Confirming leadership would renew the followers' leases,
+                // which the handover waits out (see `leadership`).
+                Err(Refusal::Busy)
+            } else {
+                Ok(self.raft.ensure_linearizable().await)
+            };
+            let refusal = match confirmed {
+                Err(busy) => busy,
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
                     Refusal::NotLeader(f.leader_id.zip(f.leader_node))
                 }
-                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
                     Refusal::NotLeader(None)
                 }
-                Err(RaftError::Fatal(_)) => return Err(StoreError::Stopped),
+                Ok(Err(RaftError::Fatal(_))) => return Err(StoreError::Stopped),
             };
             if let Refusal::NotLeader(Some((leader, member))) = refusal
                 && leader != self.id

@@ -1,12 +1,15 @@
 //! Handing leadership to another member: etcd's MoveLeader.
 //!
 //! openraft 0.9 has no leadership transfer, so the leader builds one from
-//! what it has. It stops taking writes and sending heartbeats, waits until
-//! the transferee holds its whole log, and asks it to stand. A leader's own
-//! vote ages past its lease soon after it is elected, so it grants the
-//! transferee's vote at once and steps down; in a larger cluster the other
-//! followers grant it once their leases, no longer renewed, run out. The
-//! old leader does not stand meanwhile.
+//! what it has. It stops taking writes, confirming linearizable reads and
+//! sending heartbeats (all of which renew the followers' leases), waits
+//! until the transferee holds its whole log, and asks it to stand. A
+//! leader's own vote ages past its lease (the longest election timeout)
+//! after its election, so usually it grants the transferee's vote at once
+//! and steps down. Otherwise, or in a larger cluster, the leader asks again
+//! once the followers' leases, no longer renewed, have run out. The old
+//! leader does not stand meanwhile; writes and reads sent during the
+//! handover wait for the new leader.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -17,7 +20,8 @@ use super::peer::Refusal;
 
 /// How long a handover may take, as etcd's MoveLeader allows about that.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the leader waits for the transferee to win before asking again.
+/// How long the leader waits for the transferee to win before asking again:
+/// longer than a follower's lease (openraft's, the longest election timeout).
 const CAMPAIGN_WAIT: Duration = Duration::from_millis(700);
 
 /// Why MoveLeader failed.
@@ -42,7 +46,7 @@ impl Drop for Paused<'_> {
         let cluster = self.0;
         cluster.raft().runtime_config().heartbeat(true);
         cluster.raft().runtime_config().elect(true);
-        cluster.handing_over().store(false, Ordering::Release);
+        cluster.handing_over().store(false, Ordering::SeqCst);
     }
 }
 
@@ -64,10 +68,18 @@ impl Cluster {
             .ok_or(HandoverError::BadTransferee)?;
         tracing::info!(to = %transferee.member, "handing over leadership");
         let deadline = Instant::now() + HANDOVER_TIMEOUT;
-        self.handing_over().store(true, Ordering::Release);
+        self.handing_over().store(true, Ordering::SeqCst);
         self.raft().runtime_config().heartbeat(false);
         self.raft().runtime_config().elect(false);
         let _paused = Paused(self);
+        // A write already on its way would lengthen the log after the
+        // transferee caught up, and the transferee would lose the vote.
+        while self.writes_in_flight() > 0 {
+            if Instant::now() > deadline {
+                return Err(HandoverError::TimedOut);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         self.raft()
             .wait(Some(HANDOVER_TIMEOUT))
             .metrics(
@@ -100,6 +112,11 @@ impl Cluster {
             if won.is_ok() {
                 tracing::info!(to = %transferee.member, "handed over leadership");
                 return Ok(());
+            }
+            // Another member won the election this handover caused.
+            let leader = self.metrics().borrow().current_leader;
+            if leader.is_some_and(|l| l != self.id() && l != target) {
+                return Err(HandoverError::TimedOut);
             }
             if Instant::now() > deadline {
                 return Err(HandoverError::TimedOut);
