@@ -7,7 +7,10 @@
 //! - a member cut off from the others refuses writes and linearizable reads,
 //!   and catches up once the cut heals; the same for a cut-off leader, under
 //!   load, with the history checked;
-//! - MemberRemove and MemberPromote, with etcd's errors; peers over mutual TLS;
+//! - the Cluster service and MoveLeader answer as a real 3-node etcd does
+//!   (`common::etcd_cluster`); a member MemberAdd reserved joins with its
+//!   id; leadership moves under load, with the history checked; auth
+//!   changes apply on every member; peers over mutual TLS;
 //! - a single-node datastore becomes a cluster's founder in place and keeps
 //!   its keys and revisions; a member's datastore serves alone again.
 //!
@@ -134,12 +137,7 @@ async fn three_members_agree() {
         assert_eq!(listed.client_urls(), [member.endpoint()]);
         assert_eq!(listed.peer_urls().len(), 1);
     }
-    let leader_id = status(&cluster.members[leader].endpoint())
-        .await
-        .unwrap()
-        .header
-        .unwrap()
-        .member_id;
+    let leader_id = cluster.member_id(leader).await;
     for member in &cluster.members {
         let s = status(&member.endpoint()).await.unwrap();
         assert_eq!(s.leader, leader_id);
@@ -397,12 +395,7 @@ async fn leadership_moves_under_load() {
     for round in 0..4 {
         let leader = cluster.leader(&[], Duration::from_secs(5)).await;
         let next = (leader + 1) % 3;
-        let target = status(&cluster.members[next].endpoint())
-            .await
-            .unwrap()
-            .header
-            .unwrap()
-            .member_id;
+        let target = cluster.member_id(next).await;
         let before = load.succeeded();
         let mut c = member_client(&cluster, leader).await;
         c.move_leader(target).await.unwrap();
@@ -682,8 +675,8 @@ async fn membership_outcomes(endpoints: &[String], leader: usize) -> Vec<String>
     use cetera::proto::etcdserverpb::cluster_client::ClusterClient;
     use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
     use cetera::proto::etcdserverpb::{
-        Member, MemberAddRequest, MemberListRequest, MemberPromoteRequest, MemberRemoveRequest,
-        MemberUpdateRequest, MoveLeaderRequest, StatusRequest,
+        Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberPromoteRequest,
+        MemberRemoveRequest, MemberUpdateRequest, MoveLeaderRequest, StatusRequest,
     };
     let follower = (leader + 1) % endpoints.len();
     let mut c = ClusterClient::new(common::channel(&endpoints[follower]).await);
@@ -716,6 +709,17 @@ async fn membership_outcomes(endpoints: &[String], leader: usize) -> Vec<String>
         is_learner,
     };
     let mut seen = Vec::new();
+    // A MemberAdd that must succeed: what it shows, and the new member's id.
+    let added =
+        |what: &str,
+         seen: &mut Vec<String>,
+         response: Result<tonic::Response<MemberAddResponse>, tonic::Status>| {
+            let response = response.unwrap().into_inner();
+            let member = response.member.unwrap();
+            let members = response.members.len();
+            seen.push(format!("add {what}: {} of {members}", shape(&member)));
+            member.id
+        };
 
     for urls in [
         vec!["foo"],
@@ -737,17 +741,8 @@ async fn membership_outcomes(endpoints: &[String], leader: usize) -> Vec<String>
     ));
 
     // A voter that never starts: the three others are still a quorum.
-    let voter = c
-        .member_add(add(&["http://127.0.0.12:2380"], false))
-        .await
-        .unwrap()
-        .into_inner();
-    let voter_id = voter.member.as_ref().unwrap().id;
-    seen.push(format!(
-        "add voter: {} of {}",
-        shape(voter.member.as_ref().unwrap()),
-        voter.members.len()
-    ));
+    let response = c.member_add(add(&["http://127.0.0.12:2380"], false)).await;
+    let voter_id = added("voter", &mut seen, response);
     let removed = c
         .member_remove(MemberRemoveRequest { id: voter_id })
         .await
@@ -755,17 +750,8 @@ async fn membership_outcomes(endpoints: &[String], leader: usize) -> Vec<String>
         .into_inner();
     seen.push(format!("remove voter: {} left", removed.members.len()));
 
-    let learner = c
-        .member_add(add(&["http://127.0.0.9:2380"], true))
-        .await
-        .unwrap()
-        .into_inner();
-    let learner_id = learner.member.as_ref().unwrap().id;
-    seen.push(format!(
-        "add learner: {} of {}",
-        shape(learner.member.as_ref().unwrap()),
-        learner.members.len()
-    ));
+    let response = c.member_add(add(&["http://127.0.0.9:2380"], true)).await;
+    let learner_id = added("learner", &mut seen, response);
     let listed = ClusterClient::new(common::channel(&endpoints[leader]).await)
         .member_list(MemberListRequest::default())
         .await
@@ -927,12 +913,7 @@ async fn a_member_added_through_the_api_starts_with_its_id() {
     // etcdctl finds the leader among the endpoints and moves leadership.
     let etcdctl = common::etcdctl_35().expect("etcdctl 3.5");
     let leader = cluster.leader(&[], Duration::from_secs(5)).await;
-    let leader_id = status(&cluster.members[leader].endpoint())
-        .await
-        .unwrap()
-        .header
-        .unwrap()
-        .member_id;
+    let leader_id = cluster.member_id(leader).await;
     let endpoints = cluster.endpoints().join(",");
     let moved = common::run_etcdctl(&etcdctl, &endpoints, &["move-leader", &format!("{id:x}")]);
     assert_eq!(

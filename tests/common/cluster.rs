@@ -251,6 +251,16 @@ impl Cluster {
         self.members[i].launch().await;
     }
 
+    /// Member `i`'s id, as its Status header gives it.
+    pub async fn member_id(&self, i: usize) -> u64 {
+        let endpoint = self.members[i].endpoint();
+        status(&endpoint)
+            .await
+            .and_then(|s| s.header)
+            .unwrap_or_else(|| panic!("no Status from member {i}"))
+            .member_id
+    }
+
     /// Client endpoints of the running members.
     pub fn endpoints(&self) -> Vec<String> {
         self.members
