@@ -81,7 +81,7 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         self.raft()
-            .wait(Some(HANDOVER_TIMEOUT))
+            .wait(Some(deadline.saturating_duration_since(Instant::now())))
             .metrics(
                 |m| {
                     let matched = m.replication.as_ref().and_then(|r| r.get(&target).copied());
