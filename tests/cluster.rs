@@ -221,6 +221,13 @@ struct Load {
     clients: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// A test that fails before `finish` leaves no clients running.
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Load {
     /// Starts `clients` clients on `endpoints`.
     fn start(endpoints: Vec<String>, clients: u64) -> Load {
@@ -245,6 +252,13 @@ impl Load {
                         let ok = Load::operation(&mut c, &history, id, n).await;
                         let counter = if ok { &succeeded } else { &failed };
                         counter.fetch_add(1, Ordering::Relaxed);
+                        if !ok {
+                            // A call to a killed member fails at once: without
+                            // a pause the client would spin, starving the
+                            // members of the cores (and never yield to a
+                            // runtime shutting down after a failed assertion).
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                     }
                 })
             })
@@ -324,9 +338,9 @@ impl Load {
     }
 
     /// Stops the clients and checks the history.
-    async fn finish(self) {
+    async fn finish(mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        for client in self.clients {
+        for client in self.clients.drain(..) {
             client.await.unwrap();
         }
         if let Err(report) = linearizability::check(&self.history) {
