@@ -4,9 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use cetera::proto::etcdserverpb::cluster_client::ClusterClient;
+use cetera::proto::etcdserverpb::StatusRequest;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
-use cetera::proto::etcdserverpb::{MemberListRequest, StatusRequest};
 use tempfile::TempDir;
 
 use super::{PORT_RETRIES, Proc, channel, etcd_bin, etcd_member_args, fail_startup, free_port};
@@ -101,41 +100,6 @@ impl EtcdCluster {
             .collect()
     }
 
-    /// Member `i`'s ID, as its own Status header gives it.
-    pub async fn member_id(&self, i: usize) -> u64 {
-        let endpoint = &self.endpoints()[i];
-        MaintenanceClient::new(channel(endpoint).await)
-            .status(StatusRequest {})
-            .await
-            .unwrap_or_else(|e| panic!("Status of {endpoint}: {e}"))
-            .into_inner()
-            .header
-            .expect("Status header")
-            .member_id
-    }
-
-    /// The IDs of the members in member order (looked up in MemberList by
-    /// client URL; a member added later without one is not among them).
-    pub async fn member_ids(&self) -> Vec<u64> {
-        let endpoints = self.endpoints();
-        let members = ClusterClient::new(channel(&endpoints[0]).await)
-            .member_list(MemberListRequest { linearizable: true })
-            .await
-            .unwrap_or_else(|e| panic!("MemberList of {}: {e}", endpoints[0]))
-            .into_inner()
-            .members;
-        endpoints
-            .iter()
-            .map(|endpoint| {
-                members
-                    .iter()
-                    .find(|m| m.client_ur_ls.contains(endpoint))
-                    .unwrap_or_else(|| panic!("no member serves {endpoint}: {members:?}"))
-                    .id
-            })
-            .collect()
-    }
-
     /// The index of the member whose Status says it leads (waiting up to 10 s
     /// for one to).
     pub async fn leader(&self) -> usize {
@@ -171,16 +135,6 @@ impl EtcdCluster {
     pub async fn wait_reconfigurable(&self) {
         let since = self.ready_at + HEALTH_INTERVAL + Duration::from_secs(1);
         tokio::time::sleep_until(since.into()).await;
-    }
-
-    /// Everything member `i` printed so far.
-    pub fn log(&self, i: usize) -> String {
-        self.procs[i].log_text()
-    }
-
-    /// Kills member `i` (SIGKILL); the others keep running.
-    pub fn kill(&mut self, i: usize) {
-        self.procs[i].kill();
     }
 }
 
