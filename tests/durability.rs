@@ -1,7 +1,5 @@
 //! Crash safety: every write cetera acknowledged is still there, at its
-//! revision, after the server is killed with SIGKILL and started again, and
-//! on SQLite after the database file lost its last commits (a power loss),
-//! from the journal.
+//! revision, after the server is killed with SIGKILL and started again.
 
 mod common;
 
@@ -9,8 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Cetera;
-use common::datastore::{FreshDatabase, TestBackend};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, GetOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {
@@ -127,98 +124,5 @@ async fn sigterm_shuts_down_cleanly() {
     assert!(
         late.count() <= acked + 1,
         "at most the one unanswered write may have landed"
-    );
-}
-
-/// A single server on SQLite commits without syncing the database file; its
-/// journal record is what makes a write durable. After a power loss the file
-/// may lack the last commits: this test gives the server such a file (a copy
-/// taken before the later writes) and checks that the next start applies the
-/// writes again from the journal, at the revisions that were acknowledged.
-/// SQLite whatever CETERA_TEST_BACKEND says: only it has a journal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_the_database_file_lost_come_back_from_the_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let database = FreshDatabase::of(TestBackend::Sqlite, dir.path());
-    let db_path = database.sqlite_path().unwrap().to_string();
-    let mut server = Cetera::start_on(&database.endpoint).await;
-    let mut client = Client::connect([server.endpoint()], None).await.unwrap();
-    for i in 0..5 {
-        client
-            .put(format!("/j/early/{i}"), "v", None)
-            .await
-            .unwrap();
-    }
-    // The file as a power loss could leave it: without the commits below.
-    let older = dir.path().join("older.db");
-    rusqlite::Connection::open(&db_path)
-        .unwrap()
-        .execute("VACUUM INTO ?1", [older.to_str().unwrap()])
-        .unwrap();
-
-    let lease = client.lease_grant(60, None).await.unwrap().id();
-    for i in 0..20 {
-        let options = (i % 4 == 0).then(|| PutOptions::new().with_lease(lease));
-        client
-            .put(format!("/j/late/{i}"), format!("v{i}"), options)
-            .await
-            .unwrap();
-    }
-    client.delete("/j/early/0", None).await.unwrap();
-    let current = client.get("/j/late/3", None).await.unwrap().kvs()[0].mod_revision();
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            "/j/late/3",
-            CompareOp::Equal,
-            current,
-        )])
-        .and_then([TxnOp::put("/j/late/3", "swapped", None)]);
-    assert!(client.txn(txn).await.unwrap().succeeded());
-    let prefix = Some(GetOptions::new().with_prefix());
-    let before = client.get("/j/", prefix.clone()).await.unwrap();
-    server.kill();
-
-    std::fs::rename(&older, &db_path).unwrap();
-    for suffix in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{db_path}{suffix}"));
-    }
-    server.restart().await;
-    assert!(
-        server.log().contains("applied the journal"),
-        "{}",
-        server.log()
-    );
-    let mut client = Client::connect([server.endpoint()], None).await.unwrap();
-    let after = client.get("/j/", prefix).await.unwrap();
-    assert_eq!(
-        after.header().unwrap().revision(),
-        before.header().unwrap().revision()
-    );
-    let rows = |kvs: &[etcd_client::KeyValue]| -> Vec<_> {
-        kvs.iter()
-            .map(|kv| {
-                (
-                    kv.key().to_vec(),
-                    kv.value().to_vec(),
-                    kv.create_revision(),
-                    kv.mod_revision(),
-                    kv.version(),
-                    kv.lease(),
-                )
-            })
-            .collect()
-    };
-    assert_eq!(rows(after.kvs()), rows(before.kvs()));
-    assert_eq!(after.kvs().len(), 24);
-    let leases = client.leases().await.unwrap();
-    assert_eq!(
-        leases.leases().iter().map(|l| l.id()).collect::<Vec<_>>(),
-        [lease]
-    );
-    // Later writes go on from there.
-    let next = client.put("/j/next", "v", None).await.unwrap();
-    assert_eq!(
-        next.header().unwrap().revision(),
-        before.header().unwrap().revision() + 1
     );
 }

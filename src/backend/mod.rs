@@ -316,19 +316,10 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// From now on a commit need not be durable by itself: something else
-    /// (a replicated member's Raft log, a single server's journal) keeps
-    /// every write until `make_durable` has run. Backends that cannot defer
-    /// keep syncing.
+    /// (a replicated member's Raft log) keeps every write until
+    /// `make_durable` has run. Backends that cannot defer keep syncing.
     fn defer_durability(&self) -> impl Future<Output = BackendResult<()>> + Send {
         std::future::ready(Ok(()))
-    }
-
-    /// Where a journal of this database's writes may be kept (see
-    /// `crate::store::journal`): for a database in a local file, whose
-    /// commits can then skip their own sync (`defer_durability`). None for
-    /// a database server, which syncs its own commits.
-    fn journal_path(&self) -> Option<std::path::PathBuf> {
-        None
     }
 
     /// Makes every commit so far durable (after `defer_durability`).

@@ -206,13 +206,6 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    /// `<database file>.journal`, with segments `.journal.0` and `.journal.1`.
-    fn journal_path(&self) -> Option<PathBuf> {
-        let mut path = self.path.clone().into_os_string();
-        path.push(".journal");
-        Some(PathBuf::from(path))
-    }
-
     /// Syncs the WAL (every commit so far) and the database file.
     async fn make_durable(&self) -> BackendResult<()> {
         let mut wal = self.path.clone().into_os_string();

@@ -9,12 +9,10 @@
 pub mod alarm;
 mod apply;
 pub mod auto_compaction;
-pub mod command;
 mod count_cache;
 pub mod error;
 pub mod hash;
 mod history;
-pub mod journal;
 mod publisher;
 pub mod range;
 pub mod writer;
@@ -62,11 +60,6 @@ pub struct StoreOptions {
     pub quota_backend_bytes: i64,
     /// Automatic compaction, if on.
     pub auto_compaction: Option<AutoCompaction>,
-    /// Keep a journal of the writes where the backend can use one
-    /// (`Backend::journal_path`), so that its commits need no sync of
-    /// their own. Only a store that writes alone: a cluster member's Raft
-    /// log plays that part.
-    pub journal: bool,
 }
 
 /// A boxed future, for the object-safe `Replication`.
@@ -181,10 +174,6 @@ impl<B: Backend> Store<B> {
     pub async fn open_with(backend: B, options: StoreOptions) -> anyhow::Result<Self> {
         let backend = Arc::new(backend);
         let identity = load_identity(&*backend).await?;
-        let journaling = match backend.journal_path().filter(|_| options.journal) {
-            Some(base) => Some(writer::Journaling::recover(backend.clone(), &base).await?),
-            None => None,
-        };
         let initial = backend.read().await?.revisions().await?;
         let hub = Arc::new(WatchHub::new(initial.current));
         let publisher = Arc::new(Publisher::new(
@@ -194,7 +183,7 @@ impl<B: Backend> Store<B> {
         ));
         let revisions = publisher.subscribe();
         let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
-        let writer = writer::start(backend.clone(), queue_rx, publisher.clone(), journaling);
+        let writer = writer::start(backend.clone(), queue_rx, publisher.clone());
         let replication = ReplicationSlot::default();
         let writes = Writes {
             queue: queue.downgrade(),

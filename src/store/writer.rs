@@ -2,11 +2,7 @@
 //! one database transaction (each request its own revision, later requests
 //! seeing earlier ones), commits once, then answers them all. One commit, and
 //! so one fsync, for every request that queued up while the last one ran.
-//! With a journal (a single server on SQLite) that fsync is the journal
-//! record's, written while the batch is applied, and the commit syncs
-//! nothing (see `super::journal`).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -14,12 +10,10 @@ use tokio::task::JoinHandle;
 
 use super::alarm::{self, AlarmChange};
 use super::apply::Applier;
-use super::command::Command;
 use super::error::{StoreError, StoreResult};
-use super::journal::{self, Journal};
 use super::publisher::Publisher;
 use super::range::check_revision;
-use crate::backend::{AlarmRow, AuthKind, Backend, BackendResult, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AlarmRow, AuthKind, Backend, ReadTxn, Revisions, WriteTxn};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
@@ -133,14 +127,12 @@ pub fn start<B: Backend>(
     backend: Arc<B>,
     queue: mpsc::Receiver<Queued>,
     publisher: Arc<Publisher<B>>,
-    journaling: Option<Journaling<B>>,
 ) -> JoinHandle<()> {
-    let writer = run(backend.clone(), queue, publisher, journaling);
     if backend.works_on_calling_thread() {
         let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || runtime.block_on(writer))
+        tokio::task::spawn_blocking(move || runtime.block_on(run(backend, queue, publisher)))
     } else {
-        tokio::spawn(writer)
+        tokio::spawn(run(backend, queue, publisher))
     }
 }
 
@@ -149,16 +141,11 @@ async fn run<B: Backend>(
     backend: Arc<B>,
     mut queue: mpsc::Receiver<Queued>,
     publisher: Arc<Publisher<B>>,
-    mut journaling: Option<Journaling<B>>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let started = std::time::Instant::now();
-        let outcome = match &mut journaling {
-            Some(journaling) => journaling.commit(&*backend, &mut batch).await,
-            None => commit(&*backend, &mut batch, None).await,
-        };
-        match outcome {
+        match commit(&*backend, &mut batch).await {
             Ok((answers, now, committed)) => {
                 metrics().record_commit(batch.len(), started.elapsed());
                 count_lease_changes(&answers);
@@ -209,11 +196,7 @@ type Committed = (
     Vec<RevisionEvents>,
 );
 
-async fn commit<B: Backend>(
-    backend: &B,
-    batch: &mut [Queued],
-    journaled: Option<&mut Journaled>,
-) -> anyhow::Result<Committed> {
+async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
     let start = txn.revisions().await?;
     let mut revs = start;
@@ -251,180 +234,8 @@ async fn commit<B: Backend>(
     if let Some(mark) = mark {
         txn.set_replication_mark(mark).await?;
     }
-    if let Some(journaled) = journaled {
-        // Nothing of the batch may become visible before it is durable.
-        journaled.durable().await?;
-        txn.set_setting(JOURNAL_SEQ, journaled.seq as i64).await?;
-    }
     txn.commit().await?;
     Ok((answers, revs, committed))
-}
-
-/// Setting holding the epoch of the journal run the database follows.
-const JOURNAL_EPOCH: &str = "journal_epoch";
-/// Setting holding the number of the last journal record the database holds.
-const JOURNAL_SEQ: &str = "journal_seq";
-
-/// The journal as the writer keeps it: one record per batch, and a sync of
-/// the database in the background whenever the journal moves to its other
-/// segment, after which that segment may be written over.
-pub struct Journaling<B> {
-    journal: Journal,
-    backend: Arc<B>,
-    syncing: Option<JoinHandle<BackendResult<()>>>,
-}
-
-/// A batch's journal record: its number, and the write that makes it
-/// durable (none for a record read back from the journal).
-struct Journaled {
-    seq: u64,
-    write: Option<JoinHandle<std::io::Result<()>>>,
-    failed: bool,
-}
-
-impl Journaled {
-    async fn durable(&mut self) -> anyhow::Result<()> {
-        let Some(write) = self.write.take() else {
-            return Ok(());
-        };
-        let written = match write.await {
-            Ok(written) => written.map_err(anyhow::Error::from),
-            Err(error) => Err(anyhow::Error::from(error)),
-        };
-        self.failed = written.is_err();
-        written.map_err(|error| error.context("cannot write the journal"))
-    }
-}
-
-impl<B: Backend> Journaling<B> {
-    /// Brings the database up to the journal at `base` (applying again the
-    /// records it lost, if the machine stopped before they reached its
-    /// file), then starts a new journal run and lets the database's commits
-    /// skip their sync from now on.
-    pub async fn recover(backend: Arc<B>, base: &Path) -> anyhow::Result<Self> {
-        let (epoch, seq) = {
-            let mut txn = backend.read().await?;
-            (
-                txn.setting(JOURNAL_EPOCH).await?,
-                txn.setting(JOURNAL_SEQ).await?,
-            )
-        };
-        let mut pending: Vec<journal::Record> = journal::read(base)?
-            .into_iter()
-            .filter(|r| Some(r.epoch as i64) == epoch && r.seq as i64 > seq.unwrap_or(0))
-            .collect();
-        pending.sort_by_key(|r| r.seq);
-        let mut expected = seq.unwrap_or(0) as u64 + 1;
-        for record in &pending {
-            if record.seq != expected {
-                anyhow::bail!(
-                    "the journal {}.* lacks record {expected} of the writes the database has \
-                     not stored (it has up to {}); it is damaged",
-                    base.display(),
-                    expected - 1
-                );
-            }
-            expected += 1;
-            let mut batch = decode_batch(&record.payload)?;
-            let mut journaled = Journaled {
-                seq: record.seq,
-                write: None,
-                failed: false,
-            };
-            commit(&*backend, &mut batch, Some(&mut journaled)).await?;
-        }
-        if !pending.is_empty() {
-            tracing::info!(
-                records = pending.len(),
-                "applied the journal's writes the database had lost"
-            );
-        }
-        // A new run: its first record is 1. The database still syncs this
-        // commit, and so everything before it.
-        let epoch = super::random_id();
-        let mut txn = backend.write().await?;
-        txn.set_setting(JOURNAL_EPOCH, epoch as i64).await?;
-        txn.set_setting(JOURNAL_SEQ, 0).await?;
-        txn.commit().await?;
-        backend.defer_durability().await?;
-        Ok(Journaling {
-            journal: Journal::start(base, epoch)?,
-            backend,
-            syncing: None,
-        })
-    }
-
-    /// Commits `batch` with its journal record.
-    async fn commit(&mut self, backend: &B, batch: &mut [Queued]) -> anyhow::Result<Committed> {
-        let Some(payload) = encode_batch(batch) else {
-            return commit(backend, batch, None).await;
-        };
-        let (seq, append) = self.journal.append(&payload)?;
-        let mut journaled = Journaled {
-            seq,
-            write: Some(tokio::task::spawn_blocking(move || append.write())),
-            failed: false,
-        };
-        let outcome = commit(backend, batch, Some(&mut journaled)).await;
-        if journaled.failed {
-            if let Err(error) = &outcome {
-                self.journal.fail(error);
-            }
-        } else if outcome.is_err() {
-            self.journal.withdraw();
-        }
-        self.rotate().await;
-        outcome
-    }
-
-    /// Moves to the other segment once the active one is full, and syncs the
-    /// database in the background so that the one left becomes free.
-    async fn rotate(&mut self) {
-        if self.syncing.as_ref().is_some_and(JoinHandle::is_finished) {
-            let synced = self.syncing.take().expect("checked above").await;
-            match synced {
-                Ok(Ok(())) => self.journal.inactive_durable(),
-                Ok(Err(error)) => tracing::warn!("cannot sync the database: {error:#}"),
-                Err(error) => tracing::warn!("cannot sync the database: {error}"),
-            }
-        }
-        if self.journal.full() && self.syncing.is_none() {
-            // If the other segment is not free (its sync failed), this sync
-            // frees it, and the next batch moves on.
-            self.journal.switch();
-            let backend = self.backend.clone();
-            self.syncing = Some(tokio::spawn(async move { backend.make_durable().await }));
-        }
-    }
-}
-
-/// A batch's journal payload: its requests with the time each was made.
-/// None if it holds only the writer's own housekeeping (compaction steps),
-/// which a restart redoes by itself.
-fn encode_batch(batch: &[Queued]) -> Option<Vec<u8>> {
-    let requests: Vec<(i64, Command)> = batch
-        .iter()
-        .filter_map(|q| Command::of(&q.request).map(|command| (q.at_ms, command)))
-        .collect();
-    if requests.is_empty() {
-        return None;
-    }
-    Some(postcard::to_stdvec(&requests).expect("requests always encode"))
-}
-
-/// The batch a journal payload holds, to apply again (nobody waits for
-/// its answers).
-fn decode_batch(payload: &[u8]) -> anyhow::Result<Vec<Queued>> {
-    let requests: Vec<(i64, Command)> = postcard::from_bytes(payload)?;
-    Ok(requests
-        .into_iter()
-        .map(|(at_ms, command)| Queued {
-            request: command.request(),
-            at_ms,
-            mark: None,
-            reply: oneshot::channel().0,
-        })
-        .collect())
 }
 
 async fn apply<T: WriteTxn>(
