@@ -19,8 +19,8 @@
 # With --backend postgres or mysql, cetera keeps its data in a new database on the
 # local PostgreSQL or MySQL/MariaDB server instead (one per case, dropped at the end),
 # and the fsyncs, bytes written and CPU of "cetera" are those of cetera plus every
-# process of that database server (the pids at the start of each step); VmHWM and
-# VmRSS stay cetera's own. The idle test is skipped there: the database server's own
+# process of that database server (fsyncs: of the processes there when the step
+# starts); VmHWM and VmRSS stay cetera's own. The idle test is skipped there: the database server's own
 # background work is not cetera's.
 #
 # Usage: scripts/bench.sh [--quick] [--only CASES] [--idle SECONDS] [--out DIR]
@@ -151,16 +151,17 @@ drop_database() {
     esac
 }
 
+# The database of the cetera named NAME on a database server.
+database_name() { echo "cetera_bench_$$_${1//-/_}"; }
+
 # The datastore endpoint of a new cetera named NAME, in DIR.
 cetera_endpoint() {
-    local name=$1 dir=$2 db
-    db=cetera_bench_$$_${name//-/_}
+    local name=$1 dir=$2
     case $BACKEND in
-        sqlite) echo "sqlite://$dir/state.db"; return ;;
-        postgres) echo "$PG_URL/$db?sslmode=disable" ;;
-        mysql) echo "$MYSQL_URL/$db" ;;
+        sqlite) echo "sqlite://$dir/state.db" ;;
+        postgres) echo "$PG_URL/$(database_name "$name")?sslmode=disable" ;;
+        mysql) echo "$MYSQL_URL/$(database_name "$name")" ;;
     esac
-    drop_database "$db"
 }
 
 # The pids whose work counts as SERVER's: cetera's own plus, on a database server,
@@ -198,7 +199,10 @@ start_server() {
     else
         local endpoint
         endpoint=$(cetera_endpoint "$name" "$dir")
-        [[ $BACKEND == sqlite ]] || DATABASES+=("cetera_bench_$$_${name//-/_}")
+        if [[ $BACKEND != sqlite ]]; then
+            drop_database "$(database_name "$name")" # a leftover of an earlier run
+            DATABASES+=("$(database_name "$name")")
+        fi
         RUST_LOG=warn "$CETERA" --listen-address "127.0.0.1:$port" \
             --endpoint "$endpoint" >"$dir/server.log" 2>&1 &
     fi
