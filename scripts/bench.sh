@@ -61,10 +61,18 @@ done
 
 PG_URL=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}
 MYSQL_URL=${BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306}
+# The mariadb client on MYSQL_URL (mysql://USER[:PASSWORD]@HOST[:PORT]; it takes no URL).
+mysql_client() {
+    [[ $MYSQL_URL =~ ^mysql://([^:@/]+)(:([^@/]*))?@([^:/]+)(:([0-9]+))?/?$ ]] ||
+        { echo "cannot read BENCH_MYSQL_URL=$MYSQL_URL (mysql://USER[:PASSWORD]@HOST[:PORT])" >&2; return 1; }
+    local args=(-u "${BASH_REMATCH[1]}" -h "${BASH_REMATCH[4]}" -P "${BASH_REMATCH[6]:-3306}")
+    [[ -n ${BASH_REMATCH[3]} ]] && args+=("-p${BASH_REMATCH[3]}")
+    mariadb "${args[@]}" "$@"
+}
 case $BACKEND in
     sqlite) BACKEND_DESC="SQLite, WAL, synchronous=FULL" ;;
-    postgres) BACKEND_DESC="PostgreSQL $(psql "$PG_URL/postgres" -tAc 'SHOW server_version' | cut -d' ' -f1) on 127.0.0.1, its own settings" ;;
-    mysql) BACKEND_DESC="$(mariadb -h 127.0.0.1 -u root -N -e 'SELECT VERSION()') on 127.0.0.1, its own settings" ;;
+    postgres) BACKEND_DESC="PostgreSQL $(psql "$PG_URL/postgres" -tAc 'SHOW server_version' | cut -d' ' -f1), its own settings" ;;
+    mysql) BACKEND_DESC="$(mysql_client -N -e 'SELECT VERSION()'), its own settings" ;;
     *) echo "unknown backend: $BACKEND (sqlite, postgres or mysql)" >&2; exit 2 ;;
 esac
 
@@ -147,7 +155,7 @@ cleanup() {
 drop_database() {
     case $BACKEND in
         postgres) psql "$PG_URL/postgres" -qc "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1 || true ;;
-        mysql) mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1 || true ;;
+        mysql) mysql_client -e "DROP DATABASE IF EXISTS $1" >/dev/null 2>&1 || true ;;
     esac
 }
 
@@ -251,7 +259,7 @@ sample_begin() {
                 -p "$pid_list" -o "$S_FSYNC_OUT" &
             S_COUNTER=$! ;;
         strace)
-            local traced=()
+            local traced=() p
             for p in $pids; do traced+=(-p "$p"); done
             strace -f -c -e trace=fsync,fdatasync "${traced[@]}" -o "$S_FSYNC_OUT" 2>/dev/null &
             S_COUNTER=$! ;;
