@@ -835,7 +835,7 @@ impl WriteTxn for SqliteWrite {
         self.conn.execute_batch("COMMIT")?;
         self.committed = true;
         self.checkpointer
-            .after_commit(checkpointer::wal_pages_after_commit());
+            .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
         Ok(())
     }
 }
