@@ -38,8 +38,9 @@ pub const CHECKPOINT_PAGES: i32 = 8192;
 const CATCH_UP_PAGES: i32 = 128;
 
 /// WAL length, in thresholds, past which the writer finishes the checkpoint
-/// itself however much is left: a disk that cannot copy as fast as the
-/// writes come slows the writes, instead of letting the WAL grow without end.
+/// itself however much the thread's last round left: a disk that cannot copy
+/// as fast as the writes come slows the writes, instead of letting the WAL
+/// grow without end.
 const MOST_WAL_THRESHOLDS: i32 = 4;
 
 thread_local! {
@@ -103,7 +104,7 @@ impl Checkpointer {
                 while let Ok(round) = woken.recv() {
                     let conn = match &mut conn {
                         Some(conn) => conn,
-                        None => match super::open_connection(&path, false) {
+                        None => match open_connection(&path) {
                             Ok(opened) => conn.insert(opened),
                             Err(error) => {
                                 tracing::warn!("cannot open a connection to checkpoint: {error}");
@@ -149,8 +150,10 @@ impl Checkpointer {
         let copied = self.copied.load(Ordering::Acquire);
         let copied_this_round = (copied >> 32) as u32 == round;
         let left = wal_pages - (copied as u32) as i32;
-        if (copied_this_round && left <= CATCH_UP_PAGES)
-            || wal_pages >= self.threshold * MOST_WAL_THRESHOLDS
+        // Only after the thread's first round, so that one very large
+        // commit (a compaction, say) is still copied beside the writer.
+        if copied_this_round
+            && (left <= CATCH_UP_PAGES || wal_pages >= self.threshold * MOST_WAL_THRESHOLDS)
         {
             // Busy while the thread is in the middle of a checkpoint: then
             // the next commit tries again.
@@ -166,6 +169,20 @@ impl Checkpointer {
             }
         }
     }
+}
+
+/// The checkpoint thread's connection. Not `open_connection`: its pragmas
+/// wait for the write lock, which a writer committing back to back hardly
+/// ever leaves free (the first checkpoint then came after seconds). The
+/// database is in WAL mode already, and `synchronous=FULL` makes each
+/// checkpoint sync the database file before SQLite may start the WAL over.
+fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
 }
 
 /// One PASSIVE checkpoint: it never waits for readers or the writer; what a
