@@ -93,7 +93,8 @@ impl Checkpointer {
     /// As `start`, with a checkpoint every `threshold` pages of WAL.
     fn start_with_threshold(path: &Path, threshold: i32) -> anyhow::Result<Self> {
         let path = path.to_path_buf();
-        let copied = Arc::new(AtomicU64::new(0));
+        // Tagged with a round the writer reaches only after 4 billion restarts.
+        let copied = Arc::new(AtomicU64::new(u64::from(u32::MAX) << 32));
         let reported = copied.clone();
         // One pending wake-up is enough: a checkpoint copies everything committed before it.
         let (wake, woken) = mpsc::sync_channel::<u32>(1);
