@@ -235,10 +235,16 @@ stop_server() {
 # ---------------------------------------------------------------------------------
 # Sampling a server around a step
 # ---------------------------------------------------------------------------------
-# Each sums over the pids given (a process that ended counts 0).
-io_field() { local p; for p in $1; do awk -v f="$2:" '$1 == f { print $2 }' "/proc/$p/io" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'; }
-cpu_ticks() { local p; for p in $1; do awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'; }
-sys_ticks() { local p; for p in $1; do awk '{ print $15 }' "/proc/$p/stat" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'; }
+# sum_over "PIDS" FILE AWK-ARGS...: the sum over PIDS of what awk prints from
+# /proc/PID/FILE (a process that ended counts 0).
+sum_over() {
+    local pids=$1 file=$2 p
+    shift 2
+    for p in $pids; do awk "$@" "/proc/$p/$file" 2>/dev/null; done | awk '{ n += $1 } END { print n + 0 }'
+}
+io_field() { sum_over "$1" io -v f="$2:" '$1 == f { print $2 }'; }
+cpu_ticks() { sum_over "$1" stat '{ print $14 + $15 }'; }
+sys_ticks() { sum_over "$1" stat '{ print $15 }'; }
 status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status"; }
 
 # sample_begin "PIDS" TAG: snapshots counters and starts the fsync counter. The first
