@@ -68,8 +68,9 @@ pub struct Config {
     #[arg(long, env = "CETERA_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_interval)]
     pub watch_progress_notify_interval: std::time::Duration,
 
-    /// How often an instance on a shared MySQL database looks for other
-    /// instances' writes (PostgreSQL notifies instead; SQLite is not shared).
+    /// How often an instance on a shared database looks for other
+    /// instances' writes: MySQL's only signal, PostgreSQL's bound on a
+    /// notification lost on the way (SQLite is not shared).
     #[arg(long, env = "CETERA_POLL_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub poll_interval: std::time::Duration,
 

@@ -1,7 +1,8 @@
 //! Several cetera instances on one shared database (PostgreSQL or MySQL):
 //! revisions stay dense and ordered, every instance's watchers see every
-//! instance's writes in order, and killing one instance loses no
-//! acknowledged write. Runs when CETERA_TEST_BACKEND is postgres or mysql.
+//! instance's writes in order (and soon: what an instance reports, its
+//! watchers deliver), and killing one instance loses no acknowledged write.
+//! Runs when CETERA_TEST_BACKEND is postgres or mysql.
 
 mod common;
 
@@ -11,7 +12,9 @@ use std::time::Duration;
 
 use common::Cetera;
 use common::datastore::{TestBackend, test_backend};
+use common::fault_proxy::FaultProxy;
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions};
+use tokio::sync::watch;
 
 const KEYS: usize = 4;
 
@@ -231,4 +234,118 @@ async fn killing_one_instance_loses_no_acknowledged_write() {
         .unwrap()
         .count();
     assert_eq!(count as usize, stored.len());
+}
+
+/// `endpoint` (a database URL) with its `host:port` replaced by `proxy`'s.
+fn through(endpoint: &str, proxy: &FaultProxy) -> String {
+    let (scheme, rest) = endpoint.split_once("://").unwrap();
+    let (user, rest) = rest.split_once('@').unwrap();
+    let (_, path) = rest.split_once('/').unwrap();
+    format!("{scheme}://{user}@{}/{path}", proxy.addr())
+}
+
+/// The address of the database server `endpoint` names.
+fn database_addr(endpoint: &str) -> std::net::SocketAddr {
+    let rest = endpoint.split_once('@').unwrap().1;
+    let host_port = rest.split(['/', '?']).next().unwrap();
+    host_port.parse().unwrap()
+}
+
+/// The highest revision a prefix watch on `endpoint` has delivered, kept up to date.
+async fn delivered_through(endpoint: String, prefix: &str, start: i64) -> watch::Receiver<i64> {
+    let mut client = Client::connect([endpoint], None).await.unwrap();
+    let mut stream = client
+        .watch(
+            prefix,
+            Some(WatchOptions::new().with_prefix().with_start_revision(start)),
+        )
+        .await
+        .unwrap();
+    let (delivered, receiver) = watch::channel(start - 1);
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = stream.message().await {
+            if let Some(last) = resp.events().last() {
+                let revision = last.kv().unwrap().mod_revision();
+                delivered.send_replace(revision);
+            }
+        }
+    });
+    receiver
+}
+
+/// Issue 15, item 1: with every write made on A, a watcher on B once stayed
+/// two revisions behind what B's own Range reported until the next write
+/// came (Postgres: a NOTIFY wake-up taken by the auth follower). Each burst of
+/// puts on A must reach B's watcher, through a direct connection to the
+/// database and through one that a slow network path delays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_instance_delivers_what_it_reports() {
+    if !shared_backend() {
+        return;
+    }
+    const BURSTS: usize = 8;
+    const PUTS: usize = 200;
+    const WRITERS: usize = 8;
+    for slowed in [false, true] {
+        let a = Cetera::start().await;
+        let proxy = slowed.then(|| {
+            FaultProxy::start_slowed(
+                database_addr(a.datastore_endpoint()),
+                Duration::from_millis(3),
+            )
+        });
+        let b_endpoint = match &proxy {
+            Some(proxy) => through(a.datastore_endpoint(), proxy),
+            None => a.datastore_endpoint().to_string(),
+        };
+        let b = Cetera::start_on(&b_endpoint).await;
+        let mut reader = Client::connect([b.endpoint()], None).await.unwrap();
+        let start = reader
+            .get("x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+            + 1;
+        let mut delivered = delivered_through(b.endpoint(), "/burst/", start).await;
+
+        for burst in 0..BURSTS {
+            let writers: Vec<_> = (0..WRITERS)
+                .map(|w| {
+                    let endpoint = a.endpoint();
+                    tokio::spawn(async move {
+                        let mut client = Client::connect([endpoint], None).await.unwrap();
+                        for i in 0..PUTS / WRITERS {
+                            let key = format!("/burst/{burst}/{w}/{i}");
+                            client.put(key, "v", None).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.await.unwrap();
+            }
+            // What B reports, B's watchers must deliver, with no further write.
+            let reported = reader
+                .get("x", None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            let reached = tokio::time::timeout(
+                Duration::from_secs(10),
+                delivered.wait_for(|&revision| revision >= reported),
+            )
+            .await
+            .is_ok();
+            assert!(
+                reached,
+                "slowed={slowed}, burst {burst}: B reported revision {reported}, its watcher \
+                 delivered only through {} in 10 s",
+                *delivered.borrow()
+            );
+        }
+    }
 }

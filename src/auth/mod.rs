@@ -248,18 +248,18 @@ impl Auth {
     ) -> tokio::task::JoinHandle<()> {
         let auth = Arc::downgrade(auth);
         tokio::spawn(async move {
+            // This follower's own feed: a wake-up is never taken by another.
+            let mut changes = backend.change_feed();
             loop {
-                // A wake-up can be missed while a reload runs (the backend's
-                // signal wakes only current waiters), so look every few
-                // seconds even without one; SQLite never signals, but only
-                // this instance writes it.
+                // And every few seconds regardless: a bound on any change
+                // that no signal reached.
                 let applied_changed = async {
                     if applied.changed().await.is_err() {
                         std::future::pending::<()>().await;
                     }
                 };
                 tokio::select! {
-                    _ = backend.changed() => {}
+                    _ = changes.next() => {}
                     _ = applied_changed => {}
                     _ = tokio::time::sleep(REFRESH_FALLBACK) => {}
                 }

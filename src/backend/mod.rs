@@ -5,6 +5,7 @@
 //! (revisions, versions, txn compares, compaction) lives in `crate::store`, so
 //! a new dialect is a new `Backend` and nothing else.
 
+pub mod changes;
 #[cfg(test)]
 pub mod conformance;
 pub mod mysql;
@@ -14,6 +15,7 @@ pub mod sqlite;
 
 use std::future::Future;
 
+use self::changes::ChangeFeed;
 use crate::proto::mvccpb::KeyValue;
 
 /// Errors from the database itself; the store reports them as internal errors.
@@ -327,11 +329,12 @@ pub trait Backend: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
-    /// Resolves when another instance sharing the database may have
-    /// committed (Postgres: a NOTIFY; MySQL: the poll interval passed).
-    /// A backend no one else writes to never resolves.
-    fn changed(&self) -> impl Future<Output = ()> + Send {
-        std::future::pending()
+    /// A new follower's feed of other instances' commits on a shared
+    /// database (Postgres: each NOTIFY, and the poll interval at the
+    /// latest; MySQL: the poll interval). A backend no one else writes to
+    /// never wakes its followers.
+    fn change_feed(&self) -> ChangeFeed {
+        ChangeFeed::never()
     }
 
     /// True while this instance holds the database-wide lock `name`, taking it

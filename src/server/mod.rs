@@ -110,7 +110,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
             serve(config, backend, serving, shutdown).await
         }
         Datastore::Postgres(url) => {
-            let backend = Postgres::connect(&url, &config.datastore_tls()).await?;
+            let mut backend = Postgres::connect(&url, &config.datastore_tls()).await?;
+            backend.set_poll_interval(config.poll_interval);
             tracing::info!("connected to PostgreSQL");
             serve(config, backend, serving, shutdown).await
         }

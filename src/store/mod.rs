@@ -712,13 +712,15 @@ async fn holds<B: Backend>(backend: &B, name: &str) -> bool {
 }
 
 /// Publishes other instances' commits whenever the backend says there may be
-/// some. Never wakes on a database only this instance writes.
+/// some, and within the poll interval at the latest. Never wakes on a
+/// database only this instance writes.
 async fn poll_other_instances<B: Backend>(
     backend: Arc<B>,
     publisher: std::sync::Weak<Publisher<B>>,
 ) {
+    let mut changes = backend.change_feed();
     loop {
-        backend.changed().await;
+        changes.next().await;
         let Some(publisher) = publisher.upgrade() else {
             return;
         };

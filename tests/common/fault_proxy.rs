@@ -6,6 +6,9 @@
 //! that send from addresses of their own (127.0.0.x) can so be partitioned one from
 //! another.
 //!
+//! `start_slowed(target, delay)` holds every chunk of bytes back by `delay` in each
+//! direction: a slow network path to a database, say.
+//!
 //! `cut()` shuts the sockets down synchronously (through duplicated file descriptors), so
 //! the link is down when it returns, whatever the runtime is doing: on a current-thread
 //! runtime the forwarding tasks only run when the test awaits.
@@ -14,6 +17,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -60,12 +66,17 @@ impl Links {
 impl FaultProxy {
     /// Starts forwarding 127.0.0.1:<free port> to `target`. Must run inside a tokio runtime.
     pub fn start(target: SocketAddr) -> FaultProxy {
+        FaultProxy::start_slowed(target, Duration::ZERO)
+    }
+
+    /// Like `start`, but every chunk of bytes reaches the other side `delay` late.
+    pub fn start_slowed(target: SocketAddr, delay: Duration) -> FaultProxy {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         std_listener.set_nonblocking(true).expect("nonblocking");
         let addr = std_listener.local_addr().expect("proxy address");
         let listener = TcpListener::from_std(std_listener).expect("register proxy listener");
         let links = Arc::new(Mutex::new(Links::default()));
-        let accept = tokio::spawn(accept_loop(listener, target, links.clone()));
+        let accept = tokio::spawn(accept_loop(listener, target, delay, links.clone()));
         FaultProxy {
             addr,
             links,
@@ -116,7 +127,12 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, links: Arc<Mutex<Links>>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    delay: Duration,
+    links: Arc<Mutex<Links>>,
+) {
     loop {
         let Ok((inbound, source)) = listener.accept().await else {
             // Out of file descriptors or similar: retry without spinning.
@@ -126,8 +142,31 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, links: Arc<Mutex
         let Some((inbound, id)) = register(&links, None, source.ip(), inbound) else {
             continue; // cut: dropping the socket closes it
         };
-        tokio::spawn(forward(inbound, id, source.ip(), target, links.clone()));
+        tokio::spawn(forward(
+            inbound,
+            id,
+            source.ip(),
+            target,
+            delay,
+            links.clone(),
+        ));
     }
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read, until either side closes.
+async fn copy_slowed(
+    mut from: tokio::net::tcp::ReadHalf<'_>,
+    mut to: tokio::net::tcp::WriteHalf<'_>,
+    delay: Duration,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    while let Ok(read @ 1..) = from.read(&mut buffer).await {
+        tokio::time::sleep(delay).await;
+        if to.write_all(&buffer[..read]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 /// Keeps a duplicate of `socket` under connection `id` (a new id when `None`), unless the
@@ -161,12 +200,22 @@ async fn forward(
     id: u64,
     source: IpAddr,
     target: SocketAddr,
+    delay: Duration,
     links: Arc<Mutex<Links>>,
 ) {
     if let Ok(outbound) = TcpStream::connect(target).await
         && let Some((mut outbound, _)) = register(&links, Some(id), source, outbound)
     {
-        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        if delay.is_zero() {
+            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        } else {
+            let (in_read, in_write) = inbound.split();
+            let (out_read, out_write) = outbound.split();
+            tokio::join!(
+                copy_slowed(in_read, out_write, delay),
+                copy_slowed(out_read, in_write, delay)
+            );
+        }
     }
     // Closing one side leaves the other open until the copy ends; shut both down together.
     let mut links = links.lock().unwrap();

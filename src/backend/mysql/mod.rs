@@ -38,6 +38,7 @@ use self::endpoint::Endpoint;
 use self::queries::{query_revisions, select};
 use self::tls::ssl_opts;
 use self::txn::{MysqlRead, MysqlWrite, Session};
+use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL};
 use super::{Backend, BackendResult, DatabaseSize};
 use crate::config::DatastoreTls;
 
@@ -48,10 +49,6 @@ const MAX_KEY_BYTES: usize = 3056;
 
 /// The database used when the endpoint names none, as kine does.
 const DEFAULT_DATABASE: &str = "kubernetes";
-
-/// How often [`Backend::changed`] reports that another instance may have
-/// written: MySQL has no notifications, so shared databases are polled.
-const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long `connect` keeps trying to reach a server that refuses or drops
 /// connections (it may still be starting).
@@ -270,8 +267,8 @@ impl Backend for Mysql {
         Ok(())
     }
 
-    async fn changed(&self) {
-        tokio::time::sleep(self.poll_interval).await;
+    fn change_feed(&self) -> ChangeFeed {
+        ChangeFeed::every(self.poll_interval)
     }
 
     async fn hold_lock(&self, name: &str) -> BackendResult<bool> {

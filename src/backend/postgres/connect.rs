@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use deadpool_postgres::{Manager, ManagerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
@@ -20,6 +19,7 @@ use super::endpoint::Target;
 use super::sessions::lock_key;
 use super::tls::rustls_connector;
 use super::{CHANNEL, DEFAULT_DATABASE, db_error, describe};
+use crate::backend::changes::Notifications;
 
 mod embedded {
     refinery::embed_migrations!("migrations/postgres");
@@ -110,7 +110,7 @@ impl Connector {
     /// `notify` on every notification and ends when the client is dropped.
     pub(super) async fn connect(
         &self,
-        notify: Option<Arc<Notify>>,
+        notify: Option<Arc<Notifications>>,
     ) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {
         match &self.tls {
             Tls::Off => {
@@ -233,7 +233,7 @@ impl Connector {
 /// Drives `connection` on its own task; see [`Connector::connect`].
 fn spawn_driver<S, T>(
     mut connection: tokio_postgres::Connection<S, T>,
-    notify: Option<Arc<Notify>>,
+    notify: Option<Arc<Notifications>>,
 ) -> JoinHandle<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -246,7 +246,7 @@ where
                     if let Some(notify) = &notify
                         && note.channel() == CHANNEL
                     {
-                        wake_all(notify);
+                        notify.notify();
                     }
                 }
                 Some(Ok(AsyncMessage::Notice(notice))) => {
@@ -261,13 +261,6 @@ where
             }
         }
     })
-}
-
-/// Wakes every current waiter of `changed()`, and the next one to come:
-/// a caller busy with the previous change must not miss this one.
-pub(super) fn wake_all(notify: &Notify) {
-    notify.notify_waiters();
-    notify.notify_one();
 }
 
 /// Errors worth retrying at startup: the server is not there yet, or not

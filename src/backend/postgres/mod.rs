@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use deadpool_postgres::{ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
-use tokio::sync::Notify;
 use tokio_postgres::Client;
 
 use self::connect::{Connector, migrate};
@@ -42,6 +41,7 @@ use self::endpoint::Target;
 use self::queries::revisions_from;
 use self::sessions::{AbortOnDrop, Listener, LockSession, lock_key, simple_value};
 use self::txn::{BEGIN_READ, BEGIN_WRITE, LOCK_META, PostgresRead, PostgresWrite, TxnConn};
+use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL, Notifications};
 use super::{Backend, BackendResult, DatabaseSize};
 use crate::config::DatastoreTls;
 
@@ -64,8 +64,11 @@ const MAX_KEY_BYTES: usize = 2600;
 pub struct Postgres {
     pool: Pool,
     connector: Connector,
-    /// Signalled by the listener on every NOTIFY (and after a reconnect).
-    changes: Arc<Notify>,
+    /// Counted by the listener on every NOTIFY (and after a reconnect).
+    changes: Arc<Notifications>,
+    /// Longest a follower waits without a NOTIFY: one lost on the way
+    /// delays a watcher by this much at most.
+    poll_interval: Duration,
     /// The LISTEN connection's task, stopped when the backend is dropped.
     _listener: AbortOnDrop,
     /// The connection holding advisory locks, and the locks it holds.
@@ -110,7 +113,7 @@ impl Postgres {
             .build()
             .context("cannot build the Postgres connection pool")?;
 
-        let changes = Arc::new(Notify::new());
+        let changes = Arc::new(Notifications::new());
         let listener = Listener::start(connector.clone(), changes.clone())
             .await
             .with_context(|| format!("cannot LISTEN on {}", connector.describe()))?;
@@ -119,9 +122,16 @@ impl Postgres {
             pool,
             connector,
             changes,
+            poll_interval: DEFAULT_POLL_INTERVAL,
             _listener: listener,
             locks: tokio::sync::Mutex::new(LockSession::default()),
         })
+    }
+
+    /// How long a follower of other instances' commits waits for a NOTIFY
+    /// before it looks anyway (`--poll-interval`).
+    pub fn set_poll_interval(&mut self, interval: Duration) {
+        self.poll_interval = interval;
     }
 
     async fn pooled(&self) -> BackendResult<Object> {
@@ -215,8 +225,8 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn changed(&self) {
-        self.changes.notified().await
+    fn change_feed(&self) -> ChangeFeed {
+        self.changes.feed(self.poll_interval)
     }
 
     async fn hold_lock(&self, name: &str) -> BackendResult<bool> {
@@ -531,10 +541,13 @@ mod tests {
         let database = TestDatabase::new();
         let first = database.connect().await;
         let second = database.connect().await;
-        let quiet = tokio::time::timeout(Duration::from_millis(300), first.changed()).await;
-        assert!(quiet.is_err(), "no commit, no wake-up");
+        let mut changes = first.change_feed();
+        assert!(
+            !changed_within(&mut changes, 300).await,
+            "no commit, no wake-up"
+        );
         commit_entries(&second, 2, &[kv(b"a", b"1", 2)]).await;
-        tokio::time::timeout(Duration::from_secs(5), first.changed())
+        tokio::time::timeout(Duration::from_secs(5), changes.notified())
             .await
             .expect("a commit on one instance wakes the other");
 
@@ -622,8 +635,10 @@ mod tests {
         pids.len()
     }
 
-    async fn changed_within(backend: &Postgres, ms: u64) -> bool {
-        tokio::time::timeout(Duration::from_millis(ms), backend.changed())
+    /// Whether `changes` hears a NOTIFY within `ms` (the poll interval's
+    /// wake-ups do not count).
+    async fn changed_within(changes: &mut ChangeFeed, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), changes.notified())
             .await
             .is_ok()
     }
@@ -633,16 +648,17 @@ mod tests {
         let database = TestDatabase::new();
         let first = database.connect().await;
         let second = database.connect().await;
+        let mut changes = first.change_feed();
         let listeners = "SELECT pid FROM pg_stat_activity                          WHERE datname = current_database() AND query = 'LISTEN cetera'";
         assert_eq!(terminate(&first, listeners).await, 2);
         assert!(
-            changed_within(&first, 5000).await,
+            changed_within(&mut changes, 5000).await,
             "a new listener wakes its waiters once"
         );
-        while changed_within(&first, 200).await {}
+        while changed_within(&mut changes, 200).await {}
         commit_entries(&second, 2, &[kv(b"a", b"1", 2)]).await;
         assert!(
-            changed_within(&first, 5000).await,
+            changed_within(&mut changes, 5000).await,
             "the new listener hears commits"
         );
 

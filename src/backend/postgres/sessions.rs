@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::connect::{Connector, wake_all};
+use super::connect::Connector;
 use super::{CHANNEL, db_error, describe};
+use crate::backend::changes::Notifications;
 
 /// How often the LISTEN connection checks that the server still answers: a
 /// connection that died silently would otherwise lose notifications unnoticed.
@@ -50,7 +50,7 @@ impl Listener {
     /// then keeps the connection alive on a task.
     pub(super) async fn start(
         connector: Connector,
-        changes: Arc<Notify>,
+        changes: Arc<Notifications>,
     ) -> anyhow::Result<AbortOnDrop> {
         let session = Self::listen(&connector, &changes)
             .await
@@ -62,14 +62,18 @@ impl Listener {
 
     async fn listen(
         connector: &Connector,
-        changes: &Arc<Notify>,
+        changes: &Arc<Notifications>,
     ) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {
         let (client, driver) = connector.connect(Some(changes.clone())).await?;
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
         Ok((client, driver))
     }
 
-    async fn run(connector: Connector, changes: Arc<Notify>, first: (Client, JoinHandle<()>)) {
+    async fn run(
+        connector: Connector,
+        changes: Arc<Notifications>,
+        first: (Client, JoinHandle<()>),
+    ) {
         let mut session = Some(first);
         let mut delay = Duration::from_millis(250);
         loop {
@@ -79,7 +83,7 @@ impl Listener {
                     Ok(session) => {
                         tracing::info!("LISTEN connection to {} restored", connector.describe());
                         // Notifications sent while it was down are lost.
-                        wake_all(&changes);
+                        changes.notify();
                         delay = Duration::from_millis(250);
                         session
                     }
