@@ -349,3 +349,70 @@ async fn a_second_instance_delivers_what_it_reports() {
         }
     }
 }
+
+/// The gRPC code of a failed etcd-client call.
+fn code_of(error: &etcd_client::Error) -> Option<tonic::Code> {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => Some(status.code()),
+        _ => None,
+    }
+}
+
+/// Issue 15, item 3: an instance whose database is gone answered code
+/// Unknown, on which etcd clients neither retry nor switch endpoints. It
+/// must answer Unavailable (as an etcd member without quorum does), and
+/// clients given a second instance must get their reads from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_database_is_gone_answers_unavailable() {
+    if !shared_backend() {
+        return;
+    }
+    let b = Cetera::start().await;
+    let proxy = FaultProxy::start(database_addr(b.datastore_endpoint()));
+    let a = Cetera::start_on(&through(b.datastore_endpoint(), &proxy)).await;
+    let mut client_b = Client::connect([b.endpoint()], None).await.unwrap();
+    client_b.put("/gone/k", "v", None).await.unwrap();
+    let mut client_a = Client::connect([a.endpoint()], None).await.unwrap();
+    client_a.get("/gone/k", None).await.unwrap();
+
+    proxy.cut();
+    let put = client_a.put("/gone/k2", "v", None).await.unwrap_err();
+    assert_eq!(code_of(&put), Some(tonic::Code::Unavailable), "put: {put}");
+    let get = client_a.get("/gone/k", None).await.unwrap_err();
+    assert_eq!(code_of(&get), Some(tonic::Code::Unavailable), "get: {get}");
+
+    // etcdctl retries a read on Unavailable, and its balancer then picks
+    // the other endpoint: each of these must succeed whichever it tries first.
+    if let Some(etcdctl) = common::etcdctl_35() {
+        let endpoints = format!("{},{}", a.addr(), b.addr());
+        for _ in 0..6 {
+            let out = common::run_etcdctl(&etcdctl, &endpoints, &["get", "/gone/k"]);
+            assert!(
+                out.status.success(),
+                "etcdctl get with a second endpoint failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "/gone/k\nv\n");
+        }
+    }
+    // etcd-client has no retry of its own: a caller that retries on
+    // Unavailable reaches the instance that has its database.
+    let mut both = Client::connect([a.endpoint(), b.endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..6 {
+        let key = format!("/gone/both/{i}");
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match both.put(key.as_str(), "v", None).await {
+                Ok(_) => break,
+                Err(error) => {
+                    assert_eq!(code_of(&error), Some(tonic::Code::Unavailable), "{error}");
+                    assert!(attempts < 20, "no attempt reached the second instance");
+                }
+            }
+        }
+    }
+    proxy.heal();
+}

@@ -153,6 +153,13 @@ impl From<StoreError> for Status {
                 "cetera: the auth state changed meanwhile; try again",
             ),
             StoreError::Timeout => Status::new(Code::Unavailable, "etcdserver: request timed out"),
+            StoreError::Backend(error) if StoreError::is_database_unavailable(&error) => {
+                tracing::warn!("database unavailable: {error:#}");
+                Status::new(
+                    Code::Unavailable,
+                    format!("cetera: database unavailable: {error:#}"),
+                )
+            }
             StoreError::Backend(error) => {
                 tracing::error!("database error: {error:#}");
                 Status::new(Code::Unknown, format!("cetera: database error: {error:#}"))

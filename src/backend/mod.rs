@@ -18,10 +18,31 @@ use std::future::Future;
 use self::changes::ChangeFeed;
 use crate::proto::mvccpb::KeyValue;
 
-/// Errors from the database itself; the store reports them as internal errors.
+/// Errors from the database itself; the store reports them as internal
+/// errors, or as [`Unavailable`] when that is in their chain.
 pub type BackendError = anyhow::Error;
 /// Result of a backend call.
 pub type BackendResult<T> = Result<T, BackendError>;
+
+/// The database is out of reach: down, unreachable, refusing connections or
+/// not answering in time. etcd answers a member that cannot serve (one
+/// without quorum) with code Unavailable, on which etcd clients retry, on
+/// another endpoint when they have one; so a backend marks these errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(String);
+
+impl Unavailable {
+    /// An error with `message` that says the database is out of reach.
+    pub fn error(message: impl std::fmt::Display) -> BackendError {
+        anyhow::Error::new(Unavailable(message.to_string()))
+    }
+
+    /// Whether `error`, or an error it wraps, says the database is out of reach.
+    pub fn is(error: &BackendError) -> bool {
+        error.chain().any(|cause| cause.is::<Unavailable>())
+    }
+}
 
 /// A half-open key interval `[start, end)`; `end == None` means every key >= start.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,6 +3,8 @@
 
 use thiserror::Error;
 
+use crate::backend::Unavailable;
+
 /// A failed store operation.
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -51,6 +53,15 @@ pub enum StoreError {
     /// The database failed.
     #[error("database error: {0:#}")]
     Backend(#[from] anyhow::Error),
+}
+
+impl StoreError {
+    /// Whether a database error says the database was out of reach (down,
+    /// unreachable, not answering in time): a condition etcd clients retry
+    /// on, as they do on a member without quorum.
+    pub fn is_database_unavailable(error: &anyhow::Error) -> bool {
+        Unavailable::is(error)
+    }
 }
 
 /// Result of a store operation.

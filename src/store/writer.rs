@@ -13,7 +13,7 @@ use super::apply::Applier;
 use super::error::{StoreError, StoreResult};
 use super::publisher::Publisher;
 use super::range::check_revision;
-use crate::backend::{AlarmRow, AuthKind, Backend, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AlarmRow, AuthKind, Backend, ReadTxn, Revisions, Unavailable, WriteTxn};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
@@ -161,8 +161,14 @@ async fn run<B: Backend>(
             Err(error) => {
                 tracing::error!("write batch failed: {error:#}");
                 let message = format!("{error:#}");
+                let unavailable = Unavailable::is(&error);
                 for queued in batch.drain(..) {
-                    let error = anyhow::anyhow!("{message}");
+                    // Each waiter gets its own copy, still saying whether
+                    // the database was out of reach.
+                    let error = match unavailable {
+                        true => Unavailable::error(&message),
+                        false => anyhow::anyhow!("{message}"),
+                    };
                     let _ = queued.reply.send(Err(StoreError::Backend(error)));
                 }
             }

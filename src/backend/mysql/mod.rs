@@ -39,7 +39,7 @@ use self::queries::{query_revisions, select};
 use self::tls::ssl_opts;
 use self::txn::{MysqlRead, MysqlWrite, Session};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL};
-use super::{Backend, BackendResult, DatabaseSize};
+use super::{Backend, BackendResult, DatabaseSize, Unavailable};
 use crate::config::DatastoreTls;
 
 /// Longest key the schema stores, in bytes (`VARBINARY(3056)`: with the
@@ -181,13 +181,35 @@ impl Mysql {
 /// A mysql_async error as one message. Its own Display repeats the message
 /// of its source, which anyhow's `{:#}` would then print once more.
 fn db_error(error: mysql_async::Error) -> anyhow::Error {
+    let out_of_reach = out_of_reach(&error);
+    let message = match error {
+        mysql_async::Error::Io(IoError::Io(e)) => e.to_string(),
+        mysql_async::Error::Io(IoError::Tls(e)) => format!("TLS: {e}"),
+        mysql_async::Error::Server(e) => e.to_string(),
+        mysql_async::Error::Driver(e) => e.to_string(),
+        mysql_async::Error::Url(e) => e.to_string(),
+        mysql_async::Error::Other(e) => e.to_string(),
+    };
+    if out_of_reach {
+        Unavailable::error(message)
+    } else {
+        anyhow!(message)
+    }
+}
+
+/// Whether `error` means the server is gone, unreachable, refusing
+/// connections or not answering in time, rather than refusing a statement.
+fn out_of_reach(error: &mysql_async::Error) -> bool {
+    /// ER_CON_COUNT_ERROR, ER_SERVER_SHUTDOWN, ER_LOCK_WAIT_TIMEOUT,
+    /// ER_CONNECTION_KILLED.
+    const UNAVAILABLE_CODES: [u16; 4] = [1040, 1053, 1205, 1927];
     match error {
-        mysql_async::Error::Io(IoError::Io(e)) => anyhow!("{e}"),
-        mysql_async::Error::Io(IoError::Tls(e)) => anyhow!("TLS: {e}"),
-        mysql_async::Error::Server(e) => anyhow!("{e}"),
-        mysql_async::Error::Driver(e) => anyhow!("{e}"),
-        mysql_async::Error::Url(e) => anyhow!("{e}"),
-        mysql_async::Error::Other(e) => anyhow!("{e}"),
+        mysql_async::Error::Io(_) => true,
+        mysql_async::Error::Server(e) => UNAVAILABLE_CODES.contains(&e.code),
+        mysql_async::Error::Driver(
+            mysql_async::DriverError::ConnectionClosed | mysql_async::DriverError::PoolDisconnected,
+        ) => true,
+        other => other.is_fatal(),
     }
 }
 

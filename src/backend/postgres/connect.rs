@@ -263,17 +263,21 @@ where
     })
 }
 
-/// Errors worth retrying at startup: the server is not there yet, or not
-/// ready. Authentication and configuration errors are not.
-fn is_transient(error: &tokio_postgres::Error) -> bool {
+/// Errors worth retrying: the server is not there (yet), not ready, or the
+/// connection to it broke. Authentication and configuration errors are not.
+pub(super) fn is_transient(error: &tokio_postgres::Error) -> bool {
     match error.code() {
-        Some(code) => [
-            SqlState::CANNOT_CONNECT_NOW,
-            SqlState::TOO_MANY_CONNECTIONS,
-            SqlState::ADMIN_SHUTDOWN,
-            SqlState::CRASH_SHUTDOWN,
-        ]
-        .contains(code),
+        Some(code) => {
+            [
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::TOO_MANY_CONNECTIONS,
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+            ]
+            .contains(code)
+                // Class 08: connection exceptions.
+                || code.code().starts_with("08")
+        }
         // tokio-postgres exposes the error kind only through its message.
         None => matches!(
             error.to_string().as_str(),

@@ -36,13 +36,13 @@ use anyhow::{Context, anyhow};
 use deadpool_postgres::{ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio_postgres::Client;
 
-use self::connect::{Connector, migrate};
+use self::connect::{Connector, is_transient, migrate};
 use self::endpoint::Target;
 use self::queries::revisions_from;
 use self::sessions::{AbortOnDrop, Listener, LockSession, lock_key, simple_value};
 use self::txn::{BEGIN_READ, BEGIN_WRITE, LOCK_META, PostgresRead, PostgresWrite, TxnConn};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL, Notifications};
-use super::{Backend, BackendResult, DatabaseSize};
+use super::{Backend, BackendResult, DatabaseSize, Unavailable};
 use crate::config::DatastoreTls;
 
 /// The database used when the URL names none, as kine does.
@@ -136,11 +136,21 @@ impl Postgres {
 
     async fn pooled(&self) -> BackendResult<Object> {
         self.pool.get().await.map_err(|error| match error {
-            PoolError::Backend(error) => anyhow!(
-                "cannot connect to {}: {}",
-                self.connector.describe(),
-                describe(&error)
-            ),
+            PoolError::Backend(error) => {
+                let message = format!(
+                    "cannot connect to {}: {}",
+                    self.connector.describe(),
+                    describe(&error)
+                );
+                if is_transient(&error) {
+                    Unavailable::error(message)
+                } else {
+                    anyhow!(message)
+                }
+            }
+            PoolError::Timeout(_) => Unavailable::error(format!(
+                "no Postgres connection became free within {POOL_WAIT:?}"
+            )),
             other => anyhow!("no Postgres connection available: {other}"),
         })
     }
@@ -301,7 +311,12 @@ fn describe(error: &tokio_postgres::Error) -> String {
 }
 
 fn db_error(error: &tokio_postgres::Error) -> anyhow::Error {
-    anyhow!("Postgres: {}", describe(error))
+    let message = format!("Postgres: {}", describe(error));
+    if error.is_closed() || is_transient(error) {
+        Unavailable::error(message)
+    } else {
+        anyhow!(message)
+    }
 }
 
 #[cfg(test)]
