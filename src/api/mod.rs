@@ -153,6 +153,13 @@ impl From<StoreError> for Status {
                 "cetera: the auth state changed meanwhile; try again",
             ),
             StoreError::Timeout => Status::new(Code::Unavailable, "etcdserver: request timed out"),
+            StoreError::LeaderChanged => {
+                Status::new(Code::Unavailable, "etcdserver: leader changed")
+            }
+            StoreError::Internal(message) => {
+                tracing::error!("internal error: {message}");
+                Status::new(Code::Internal, format!("cetera: internal error: {message}"))
+            }
             StoreError::Backend(error) if StoreError::is_database_unavailable(&error) => {
                 tracing::warn!("database unavailable: {error:#}");
                 Status::new(

@@ -502,7 +502,10 @@ impl Cluster {
                         Ok(Ok(())) => return Ok(()),
                         Ok(Err(Refusal::NotLeader(_) | Refusal::Busy)) => {}
                         Ok(Err(refusal)) => {
-                            return Err(StoreError::Backend(anyhow::anyhow!("{refusal:?}")));
+                            // The leader's Raft failed (it is stopping): a
+                            // new leader takes over, as after a change.
+                            tracing::warn!("the leader refused a forwarded write: {refusal:?}");
+                            return Err(StoreError::LeaderChanged);
                         }
                         // Not delivered: safe to send again.
                         Err(PeerError::Unreachable { .. }) if Instant::now() < deadline => {}
@@ -515,10 +518,11 @@ impl Cluster {
                     }
                 }
                 Refusal::NotLeader(_) | Refusal::Busy => {}
-                Refusal::Failed(message) => {
-                    return Err(StoreError::Backend(anyhow::anyhow!(message)));
+                // This member's Raft failed: it is stopping.
+                refusal => {
+                    tracing::warn!("cannot propose a write: {refusal:?}");
+                    return Err(StoreError::Stopped);
                 }
-                refusal => return Err(StoreError::Backend(anyhow::anyhow!("{refusal:?}"))),
             }
             if Instant::now() > deadline {
                 return Err(StoreError::NoLeader);
@@ -589,9 +593,9 @@ impl Replication for Cluster {
         Box::pin(async move {
             let Some(command) = Command::of(&request) else {
                 // Local housekeeping is never proposed (see Writes).
-                return Err(StoreError::Backend(anyhow::anyhow!(
-                    "a local write was proposed to the cluster"
-                )));
+                return Err(StoreError::Internal(
+                    "a local write was proposed to the cluster".to_string(),
+                ));
             };
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let proposal = Proposal {

@@ -47,9 +47,16 @@ pub enum StoreError {
     /// Replicated mode: the request was not known to be applied in time.
     #[error("request timed out")]
     Timeout,
+    /// Replicated mode: the leader stopped or changed before it took the
+    /// request; it was not applied.
+    #[error("leader changed")]
+    LeaderChanged,
     /// The server is shutting down or its writer stopped.
     #[error("server stopped")]
     Stopped,
+    /// A fault of cetera's own, not of the request or the database.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The database failed.
     #[error("database error: {0:#}")]
     Backend(#[from] anyhow::Error),
