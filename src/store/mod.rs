@@ -357,36 +357,24 @@ impl<B: Backend> Store<B> {
     pub async fn put(&self, req: PutRequest) -> StoreResult<PutResponse> {
         self.check_key(&req.key)?;
         self.check_quota(alarm::put_cost(&req)).await?;
-        match self.write(WriteRequest::Put(req)).await? {
-            WriteResponse::Put(resp) => Ok(resp),
-            _ => unreachable!("writer answers a Put with a Put"),
-        }
+        self.write_for(WriteRequest::Put(req)).await
     }
 
     /// etcd DeleteRange.
     pub async fn delete_range(&self, req: DeleteRangeRequest) -> StoreResult<DeleteRangeResponse> {
-        match self.write(WriteRequest::DeleteRange(req)).await? {
-            WriteResponse::DeleteRange(resp) => Ok(resp),
-            _ => unreachable!("writer answers a DeleteRange with a DeleteRange"),
-        }
+        self.write_for(WriteRequest::DeleteRange(req)).await
     }
 
     /// etcd Txn.
     pub async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
         self.check_txn_keys(&req)?;
         self.check_quota(alarm::txn_cost(&req)).await?;
-        match self.write(WriteRequest::Txn(req)).await? {
-            WriteResponse::Txn(resp) => Ok(resp),
-            _ => unreachable!("writer answers a Txn with a Txn"),
-        }
+        self.write_for(WriteRequest::Txn(req)).await
     }
 
     /// etcd Compact. With `physical` it returns once the history is gone.
     pub async fn compact(&self, req: &CompactionRequest) -> StoreResult<CompactionResponse> {
-        let resp = match self.write(WriteRequest::Compact(req.revision)).await? {
-            WriteResponse::Compact(resp) => resp,
-            _ => unreachable!("writer answers a Compact with a Compact"),
-        };
+        let resp = self.write_for(WriteRequest::Compact(req.revision)).await?;
         if req.physical {
             let mut revisions = self.revisions.clone();
             revisions
@@ -415,26 +403,17 @@ impl<B: Backend> Store<B> {
             // 2^-63) is answered as etcd answers a client's clashing id.
             req.id = rand::random_range(1..=i64::MAX);
         }
-        match self.write(WriteRequest::LeaseGrant(req)).await? {
-            WriteResponse::LeaseGrant(resp) => Ok(resp),
-            _ => unreachable!("writer answers a LeaseGrant with a LeaseGrant"),
-        }
+        self.write_for(WriteRequest::LeaseGrant(req)).await
     }
 
     /// etcd LeaseRevoke.
     pub async fn lease_revoke(&self, id: i64) -> StoreResult<LeaseRevokeResponse> {
-        match self.write(WriteRequest::LeaseRevoke(id)).await? {
-            WriteResponse::LeaseRevoke(resp) => Ok(resp),
-            _ => unreachable!("writer answers a LeaseRevoke with a LeaseRevoke"),
-        }
+        self.write_for(WriteRequest::LeaseRevoke(id)).await
     }
 
     /// One etcd LeaseKeepAlive request.
     pub async fn lease_keep_alive(&self, id: i64) -> StoreResult<LeaseKeepAliveResponse> {
-        match self.write(WriteRequest::LeaseKeepAlive(id)).await? {
-            WriteResponse::LeaseKeepAlive(resp) => Ok(resp),
-            _ => unreachable!("writer answers a LeaseKeepAlive with a LeaseKeepAlive"),
-        }
+        self.write_for(WriteRequest::LeaseKeepAlive(id)).await
     }
 
     /// etcd LeaseTimeToLive: TTL -1 for an unknown lease, remaining seconds
@@ -491,10 +470,7 @@ impl<B: Backend> Store<B> {
     /// Stores a change of users, roles or the auth switch (see
     /// `writer::AuthWrite`), through the replicated log in a cluster.
     pub async fn change_auth(&self, change: writer::AuthWrite) -> StoreResult<()> {
-        match self.write(WriteRequest::Auth(change)).await? {
-            WriteResponse::Auth => Ok(()),
-            _ => unreachable!("writer answers an Auth with an Auth"),
-        }
+        self.write_for(WriteRequest::Auth(change)).await
     }
 
     /// The raised alarms of type `alarm` (every one for NONE), as etcd's
@@ -516,10 +492,7 @@ impl<B: Backend> Store<B> {
             member_id,
             alarm,
         };
-        let changed = match self.write(request).await? {
-            WriteResponse::Alarm(changed) => changed,
-            _ => unreachable!("writer answers an Alarm with an Alarm"),
-        };
+        let changed: Vec<AlarmRow> = self.write_for(request).await?;
         if change == AlarmChange::Deactivate {
             // The next write measures the database again, as etcd re-checks.
             self.quota.forget_size().await;
@@ -566,6 +539,17 @@ impl<B: Backend> Store<B> {
             }
         }
         Ok(())
+    }
+
+    /// Writes `request` and takes its answer out of the writer's reply.
+    async fn write_for<A: writer::Answer>(&self, request: WriteRequest) -> StoreResult<A> {
+        let response = self.write(request).await?;
+        A::from_response(response).ok_or_else(|| {
+            StoreError::Internal(format!(
+                "the writer's answer is not a {}",
+                std::any::type_name::<A>()
+            ))
+        })
     }
 
     async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {

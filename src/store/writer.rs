@@ -107,6 +107,45 @@ pub enum WriteResponse {
     Nothing,
 }
 
+/// The answer to one kind of write request, as the caller wants it: taken
+/// out of the writer's `WriteResponse`, which answers every kind.
+pub trait Answer: Sized {
+    /// This answer, if `response` is one.
+    fn from_response(response: WriteResponse) -> Option<Self>;
+}
+
+/// Implements `Answer` for the type a `WriteResponse` variant holds.
+macro_rules! answers {
+    ($($variant:ident => $answer:ty),* $(,)?) => {$(
+        impl Answer for $answer {
+            fn from_response(response: WriteResponse) -> Option<Self> {
+                match response {
+                    WriteResponse::$variant(answer) => Some(answer),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+answers! {
+    Put => PutResponse,
+    DeleteRange => DeleteRangeResponse,
+    Txn => TxnResponse,
+    LeaseGrant => LeaseGrantResponse,
+    LeaseRevoke => LeaseRevokeResponse,
+    LeaseKeepAlive => LeaseKeepAliveResponse,
+    Compact => CompactionResponse,
+    Alarm => Vec<AlarmRow>,
+}
+
+/// The answer to an Auth write, which has nothing to tell.
+impl Answer for () {
+    fn from_response(response: WriteResponse) -> Option<Self> {
+        matches!(response, WriteResponse::Auth).then_some(())
+    }
+}
+
 /// A queued request and where its answer goes.
 pub struct Queued {
     /// What to do.
