@@ -125,11 +125,47 @@ impl Sqlite {
         })
     }
 
+    /// Moves the whole WAL into the database file and empties the WAL, so
+    /// that the file alone holds the store (a copy of it is a full backup).
+    /// Called when the store closes, after the checkpoint thread stopped.
+    fn checkpoint_to_file(conn: &Connection) -> rusqlite::Result<()> {
+        // Only a reader that outlived the store can be in the way: wait for
+        // it briefly, not the writer's 30 s, at shutdown.
+        conn.busy_timeout(Duration::from_secs(1))?;
+        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+        if busy != 0 {
+            tracing::warn!("the final WAL checkpoint was blocked by a reader; the WAL is kept");
+        }
+        Ok(())
+    }
+
     fn take_reader(&self) -> BackendResult<Connection> {
         let idle = self.readers.lock().expect("reader pool poisoned").pop();
         match idle {
             Some(conn) => Ok(conn),
             None => Ok(open_connection(&self.path, true)?),
+        }
+    }
+}
+
+impl Drop for Sqlite {
+    /// Leaves the database file whole. SQLite does that itself only when the
+    /// last connection to close can write, and here the last were the
+    /// read-only readers (and the checkpoint thread's, not joined): so the
+    /// other connections go first, then the writer empties the WAL, and its
+    /// own close, the last one, removes it.
+    fn drop(&mut self) {
+        if let Some(checkpointer) = Arc::get_mut(&mut self.checkpointer) {
+            checkpointer.stop();
+        }
+        self.readers.lock().expect("reader pool poisoned").clear();
+        match self.writer.try_lock() {
+            Ok(conn) => {
+                if let Err(error) = Self::checkpoint_to_file(&conn) {
+                    tracing::warn!("the final WAL checkpoint failed: {error}");
+                }
+            }
+            Err(_) => tracing::warn!("a write is still open at close; the WAL is kept"),
         }
     }
 }

@@ -189,8 +189,14 @@ impl Proc {
 
     /// SIGTERM, then waits up to `timeout` for the exit status.
     fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.signal("-TERM", timeout)
+    }
+
+    /// Sends `signal` (as `kill` spells it, e.g. `-INT`), then waits up to
+    /// `timeout` for the exit status.
+    fn signal(&mut self, signal: &str, timeout: Duration) -> Option<std::process::ExitStatus> {
         let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = Command::new("kill").args([signal, &pid]).status();
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -492,6 +498,15 @@ impl Cetera {
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut proc = self.proc.take()?;
         let status = proc.terminate(timeout);
+        proc.kill();
+        status
+    }
+
+    /// Sends SIGINT (Ctrl-C) and returns the exit status, or None if the server
+    /// did not exit within `timeout` (it is then killed).
+    pub fn interrupt(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut proc = self.proc.take()?;
+        let status = proc.signal("-INT", timeout);
         proc.kill();
         status
     }
