@@ -160,3 +160,35 @@ async fn clean_stop_leaves_everything_in_the_database_file() {
     assert_eq!(all.count(), 50, "keys in a copy of the database file alone");
     assert_eq!(all.header().unwrap().revision(), 51);
 }
+
+/// One SQLite file has one server, as an etcd data dir has one etcd: a second
+/// server on the file is refused at start (it would have the same member id
+/// and never see the first one's writes), and a server killed with SIGKILL
+/// leaves nothing behind that keeps the next one out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_one_sqlite_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let endpoint = format!("sqlite://{}", path.display());
+    let mut first = Cetera::start_on(&endpoint).await;
+    let mut client = Client::connect([first.endpoint()], None).await.unwrap();
+    client.put("k", "v", None).await.unwrap();
+
+    let (status, log) = Cetera::refused_on(&endpoint).await;
+    assert!(!status.success(), "exit status {status}\n{log}");
+    let message = format!(
+        "SQLite database {} is in use by another cetera process",
+        path.display()
+    );
+    assert!(log.contains(&message), "{log}");
+    assert!(
+        log.contains(&format!("(pid {})", first.pid().unwrap())),
+        "{log}"
+    );
+
+    first.kill();
+    let second = Cetera::start_on(&endpoint).await;
+    let mut client = Client::connect([second.endpoint()], None).await.unwrap();
+    let got = client.get("k", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"v");
+}
