@@ -170,7 +170,7 @@ pub(crate) async fn empty_target<W: WriteTxn>(target: &mut W, force: bool) -> an
 /// `path` (without the trailer).
 pub async fn write_database<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<()> {
     let mut source = backend.read().await?;
-    let file = Sqlite::open(path)?;
+    let file = Sqlite::open_scratch(path)?;
     file.prepare_bulk_load(true).await?;
     let mut target = file.write().await?;
     copy(&mut source, &mut target, Purpose::Snapshot, &mut |_| {}).await?;

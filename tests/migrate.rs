@@ -585,3 +585,56 @@ async fn imports_a_live_etcd_at_one_revision() {
     let refused = migrate(&etcd.endpoint(), &target.endpoint, &[]);
     assert!(text(&refused).contains("use --force"), "{}", text(&refused));
 }
+
+/// The SQLite file of a running server is neither a migration's source or
+/// target nor a restore's target: each is refused, naming the file, and
+/// the server goes on serving what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_servers_sqlite_file_is_refused_by_migrate_and_restore() {
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let held = FreshDatabase::of(TestBackend::Sqlite, dir.path());
+    let other = FreshDatabase::of(TestBackend::Sqlite, other_dir.path());
+    let other_path = other.sqlite_path().unwrap();
+    drop(Sqlite::open(Path::new(other_path)).unwrap());
+    let server = Cetera::start_on(&held.endpoint).await;
+    let mut kv = KvClient::new(channel(&server.endpoint()).await);
+    kv.put(put("k", "v", 0)).await.unwrap();
+
+    let from = migrate(&held.endpoint, &other.endpoint, &["--force"]);
+    let to = migrate(&other.endpoint, &held.endpoint, &["--force"]);
+    let restore = Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args([
+            "restore",
+            other_path,
+            "--force",
+            "--endpoint",
+            &held.endpoint,
+        ])
+        .output()
+        .expect("run cetera restore");
+    for (output, what) in [
+        (from, "migrate from"),
+        (to, "migrate to"),
+        (restore, "restore into"),
+    ] {
+        assert!(!output.status.success(), "{what}: {}", text(&output));
+        let message = format!(
+            "SQLite database {} is in use by another cetera process",
+            held.sqlite_path().unwrap()
+        );
+        assert!(
+            text(&output).contains(&message),
+            "{what}: {}",
+            text(&output)
+        );
+    }
+    let got = kv
+        .range(RangeRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.kvs[0].value, b"v");
+}

@@ -35,15 +35,36 @@ pub struct Sqlite {
     writer: Arc<tokio::sync::Mutex<Connection>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     checkpointer: Arc<Checkpointer>,
+    /// The lock file, held while the database is open; last, so that it is
+    /// released only after the writer has closed.
+    _lock: Option<std::fs::File>,
 }
 
 impl Sqlite {
-    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// Opens (creating if needed) the database at `path` and brings its schema
+    /// up to date. Refuses a database another process (or another `Sqlite`)
+    /// has open: two servers on one file would share a member id and never
+    /// see each other's writes.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
+        Self::open_locked(path, true)
+    }
+
+    /// As `open`, without the lock file: for a new file only its creator
+    /// knows of (a snapshot being built), which would leave lock files behind.
+    pub fn open_scratch(path: &Path) -> anyhow::Result<Self> {
+        Self::open_locked(path, false)
+    }
+
+    fn open_locked(path: &Path, lock: bool) -> anyhow::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create directory {}", dir.display()))?;
         }
+        let lock = if lock {
+            Some(lock_database(path)?)
+        } else {
+            None
+        };
         let mut writer = open_connection(path, false)
             .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
         migrations::migrations::runner()
@@ -55,6 +76,7 @@ impl Sqlite {
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
             readers: Arc::new(Mutex::new(Vec::new())),
             checkpointer: Arc::new(Checkpointer::start(path)?),
+            _lock: lock,
         })
     }
 
@@ -125,11 +147,87 @@ impl Sqlite {
         })
     }
 
+    /// Moves the whole WAL into the database file and empties the WAL, so
+    /// that the file alone holds the store (a copy of it is a full backup).
+    /// Called when the store closes, after the checkpoint thread stopped.
+    fn checkpoint_to_file(conn: &Connection) -> rusqlite::Result<()> {
+        // Only a reader that outlived the store can be in the way: wait for
+        // it briefly, not the writer's 30 s, at shutdown.
+        conn.busy_timeout(Duration::from_secs(1))?;
+        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+        if busy != 0 {
+            tracing::warn!("the final WAL checkpoint was blocked by a reader; the WAL is kept");
+        }
+        Ok(())
+    }
+
     fn take_reader(&self) -> BackendResult<Connection> {
         let idle = self.readers.lock().expect("reader pool poisoned").pop();
         match idle {
             Some(conn) => Ok(conn),
             None => Ok(open_connection(&self.path, true)?),
+        }
+    }
+}
+
+/// Takes the exclusive lock on `PATH.lock`, held until the returned file is
+/// closed (by the kernel too, when the process dies, even by SIGKILL). A file
+/// of its own: closing any descriptor of the database file itself would drop
+/// SQLite's POSIX locks on it. It holds the holder's pid, for the error.
+fn lock_database(path: &Path) -> anyhow::Result<std::fs::File> {
+    use std::io::Write;
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open lock file {}", lock_path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            let holder = match holder.trim() {
+                "" => String::new(),
+                pid => format!(" (pid {pid})"),
+            };
+            anyhow::bail!(
+                "SQLite database {} is in use by another cetera process{holder}: it holds \
+                 the lock file {}; stop that process first, or give this one a file of its own",
+                path.display(),
+                lock_path.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(error)) => {
+            return Err(error).with_context(|| format!("cannot lock {}", lock_path.display()));
+        }
+    }
+    file.set_len(0)?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+impl Drop for Sqlite {
+    /// Leaves the database file whole. SQLite does that itself only when the
+    /// last connection to close can write, and here the last were the
+    /// read-only readers (and the checkpoint thread's, not joined): so the
+    /// other connections go first, then the writer empties the WAL, and its
+    /// own close, the last one, removes it.
+    fn drop(&mut self) {
+        if let Some(checkpointer) = Arc::get_mut(&mut self.checkpointer) {
+            checkpointer.stop();
+        }
+        self.readers.lock().expect("reader pool poisoned").clear();
+        match self.writer.try_lock() {
+            Ok(conn) => {
+                if let Err(error) = Self::checkpoint_to_file(&conn) {
+                    tracing::warn!("the final WAL checkpoint failed: {error}");
+                }
+            }
+            Err(_) => tracing::warn!("a write is still open at close; the WAL is kept"),
         }
     }
 }

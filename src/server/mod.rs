@@ -322,6 +322,9 @@ async fn serve<B: Backend>(
     }
 
     auth_follower.abort();
+    // It holds the backend, which is closed (and an SQLite file unlocked)
+    // only once nothing does.
+    let _ = auth_follower.await;
     drop(info);
     if let Some(cluster) = cluster {
         cluster.shutdown().await;

@@ -559,12 +559,21 @@ impl<B: Backend> Store<B> {
         }
     }
 
-    /// Stops accepting writes, lets the writer finish what is queued, and waits for it.
+    /// Stops accepting writes, lets the writer finish what is queued, and waits
+    /// for it and the background jobs: then the backend is closed (an SQLite
+    /// file unlocked) unless something outside the store still holds it.
     pub async fn shutdown(mut self) {
         let writer = std::mem::replace(&mut self.writer, tokio::spawn(async {}));
-        // Dropping the store closes the queue and stops the background jobs.
+        let background = std::mem::take(&mut self.background);
+        for task in &background {
+            task.abort();
+        }
+        // Dropping the store closes the queue.
         drop(self);
         let _ = writer.await;
+        for task in background {
+            let _ = task.await;
+        }
     }
 }
 

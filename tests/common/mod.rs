@@ -189,8 +189,14 @@ impl Proc {
 
     /// SIGTERM, then waits up to `timeout` for the exit status.
     fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.signal("-TERM", timeout)
+    }
+
+    /// Sends `signal` (as `kill` spells it, e.g. `-INT`), then waits up to
+    /// `timeout` for the exit status.
+    fn signal(&mut self, signal: &str, timeout: Duration) -> Option<std::process::ExitStatus> {
         let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = Command::new("kill").args([signal, &pid]).status();
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -456,6 +462,30 @@ impl Cetera {
         }
     }
 
+    /// Starts cetera on `endpoint` expecting it to refuse to start: returns its
+    /// exit status and output once it exits; panics if it serves instead.
+    pub async fn refused_on(endpoint: &str) -> (std::process::ExitStatus, String) {
+        let dir = tempfile::tempdir().expect("create tempdir");
+        let port = free_port();
+        let args = [
+            "--listen-address".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--endpoint".to_string(),
+            endpoint.to_string(),
+        ];
+        let log = dir.path().join("cetera.log");
+        let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
+        let ready = proc.wait_ready(port, "cetera", None).await;
+        let status = proc.child.try_wait().expect("wait for cetera");
+        let text = proc.log_text();
+        proc.kill();
+        match (ready, status) {
+            (Err(_), Some(status)) => (status, text),
+            (Ok(()), _) => panic!("cetera started on {endpoint}; its output:\n{text}"),
+            (Err((_, msg)), None) => panic!("{msg}; its output:\n{text}"),
+        }
+    }
+
     /// gRPC endpoint URL, `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
@@ -492,6 +522,15 @@ impl Cetera {
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut proc = self.proc.take()?;
         let status = proc.terminate(timeout);
+        proc.kill();
+        status
+    }
+
+    /// Sends SIGINT (Ctrl-C) and returns the exit status, or None if the server
+    /// did not exit within `timeout` (it is then killed).
+    pub fn interrupt(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut proc = self.proc.take()?;
+        let status = proc.signal("-INT", timeout);
         proc.kill();
         status
     }

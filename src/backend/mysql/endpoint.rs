@@ -86,11 +86,19 @@ impl Endpoint {
         }
     }
 
+    // The host (or `tcp(...)`) an endpoint names is the one connected to:
+    // mysql_async's default `prefer_socket` asks the server for its socket
+    // after connecting and moves there when the path exists here, which
+    // bypasses host-based grants and TLS. Only `unix(...)`, `socket=` (or an
+    // explicit `prefer_socket=true` in a URL) use a socket.
     fn from_go_dsn(dsn: &str) -> anyhow::Result<Self> {
         let dsn = GoDsn::parse(dsn)?;
         let mut opts = OptsBuilder::default().user(dsn.user).pass(dsn.pass);
         opts = match dsn.address {
-            Address::Tcp(host, port) => opts.ip_or_hostname(host).tcp_port(port),
+            Address::Tcp(host, port) => opts
+                .ip_or_hostname(host)
+                .tcp_port(port)
+                .prefer_socket(false),
             Address::Unix(path) => opts.socket(Some(path)),
         };
         let mut tls = TlsParam::Unset;
@@ -134,8 +142,12 @@ impl Endpoint {
         let database = opts
             .db_name()
             .map_or_else(|| DEFAULT_DATABASE.to_string(), str::to_string);
+        let mut builder = OptsBuilder::from_opts(opts).db_name(None::<String>);
+        if !others.iter().any(|pair| pair.starts_with("prefer_socket=")) {
+            builder = builder.prefer_socket(false);
+        }
         Ok(Endpoint {
-            opts: OptsBuilder::from_opts(opts).db_name(None::<String>),
+            opts: builder,
             database,
             tls,
         })
@@ -204,6 +216,7 @@ mod tests {
         );
         assert_eq!(e.database, "kine");
         assert_eq!(e.tls, TlsParam::SkipVerify);
+        assert!(!o.prefer_socket(), "tcp(...) stays on TCP");
 
         let e = Endpoint::parse("mysql://root@unix(/run/mysqld/mysqld.sock)/").unwrap();
         assert_eq!(opts(&e).socket(), Some("/run/mysqld/mysqld.sock"));
@@ -230,6 +243,9 @@ mod tests {
         assert_eq!(o.pool_opts().constraints().max(), 5);
         assert_eq!(e.database, "store");
         assert_eq!(e.tls, TlsParam::Verify);
+        assert!(!o.prefer_socket(), "a URL's host stays on TCP");
+        let e = Endpoint::parse("mysql://root@localhost/db?prefer_socket=true").unwrap();
+        assert!(opts(&e).prefer_socket(), "unless the URL asks otherwise");
 
         let e = Endpoint::parse("mysql://root@127.0.0.1:3306/").unwrap();
         assert_eq!(e.database, DEFAULT_DATABASE);

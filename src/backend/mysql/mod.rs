@@ -581,6 +581,67 @@ mod tests {
         }
     }
 
+    /// How the server sees this backend's connections: "host:port" over TCP,
+    /// "localhost" over the unix socket.
+    async fn client_host(backend: &Mysql) -> String {
+        let mut conn = backend.conn().await.unwrap();
+        conn.query_first(
+            "SELECT host FROM information_schema.processlist WHERE id = CONNECTION_ID()",
+        )
+        .await
+        .unwrap()
+        .unwrap()
+    }
+
+    /// An endpoint that names a TCP address connects over TCP, even to a
+    /// local server (mysql_async would otherwise ask the server for its
+    /// socket and switch to it, past host-based grants and TLS); one that
+    /// names a socket uses the socket.
+    #[tokio::test]
+    async fn endpoints_connect_the_way_they_say() {
+        let t = open().await;
+        let database = t.store.backend().database();
+        let server = Opts::from(Endpoint::parse(&test_server_url()).unwrap().opts);
+        let user = server.user().unwrap_or_default();
+        let credentials = match server.pass() {
+            Some(pass) => format!("{user}:{pass}"),
+            None => user.to_string(),
+        };
+        let (host, port) = (server.ip_or_hostname(), server.tcp_port());
+        let quick = Duration::from_secs(1);
+        let none = DatastoreTls::default();
+        for endpoint in [
+            format!("mysql://{credentials}@tcp({host}:{port})/{database}"),
+            with_database(&test_server_url(), database),
+        ] {
+            let backend = Mysql::connect_within(&endpoint, &none, quick)
+                .await
+                .unwrap();
+            let seen = client_host(&backend).await;
+            let tcp_port = seen.rsplit_once(':').map(|(_, port)| port.parse::<u16>());
+            assert!(
+                matches!(tcp_port, Some(Ok(_))),
+                "{endpoint}: the server sees {seen:?}, not a TCP peer"
+            );
+        }
+
+        let socket = "/run/mysqld/mysqld.sock";
+        if !std::path::Path::new(socket).exists() {
+            eprintln!("no server socket at {socket}; unix(...) endpoints not tried");
+            return;
+        }
+        let encoded = socket.replace('/', "%2F");
+        for endpoint in [
+            format!("mysql://{credentials}@unix({socket})/{database}"),
+            format!("mysql://{credentials}@localhost/{database}?socket={encoded}"),
+        ] {
+            let backend = Mysql::connect_within(&endpoint, &none, quick)
+                .await
+                .unwrap();
+            assert_eq!(client_host(&backend).await, "localhost", "{endpoint}");
+        }
+    }
+
     #[tokio::test]
     async fn a_lock_whose_session_died_is_taken_again() {
         let t = open().await;

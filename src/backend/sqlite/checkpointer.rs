@@ -69,8 +69,10 @@ pub fn wal_pages_after_commit() -> i32 {
 pub struct Checkpointer {
     /// WAL length, in pages, that triggers a checkpoint.
     threshold: i32,
-    /// Carries the WAL round the writer is in.
-    wake: SyncSender<u32>,
+    /// Carries the WAL round the writer is in; None once stopped.
+    wake: Option<SyncSender<u32>>,
+    /// The thread, joined by `stop`.
+    thread: Option<std::thread::JoinHandle<()>>,
     /// The thread's last checkpoint: the WAL round it was asked in (high 32
     /// bits) and how many pages of the WAL it had copied by its end (low 32).
     copied: Arc<AtomicU64>,
@@ -98,7 +100,7 @@ impl Checkpointer {
         let reported = copied.clone();
         // One pending wake-up is enough: a checkpoint copies everything committed before it.
         let (wake, woken) = mpsc::sync_channel::<u32>(1);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
             .spawn(move || {
                 let mut conn = None;
@@ -123,7 +125,8 @@ impl Checkpointer {
             })?;
         Ok(Checkpointer {
             threshold,
-            wake,
+            wake: Some(wake),
+            thread: Some(thread),
             copied,
             round: AtomicU32::new(0),
             last_wal_pages: AtomicU32::new(0),
@@ -163,12 +166,31 @@ impl Checkpointer {
             }
             return;
         }
-        match self.wake.try_send(round) {
+        let Some(wake) = &self.wake else { return };
+        match wake.try_send(round) {
             Ok(()) | Err(TrySendError::Full(_)) => {}
             Err(TrySendError::Disconnected(_)) => {
                 tracing::warn!("the WAL checkpoint thread has stopped")
             }
         }
+    }
+
+    /// Stops the thread and waits until it has closed its connection, so
+    /// that a final checkpoint by the writer neither waits for it nor is
+    /// followed by one of its own.
+    pub fn stop(&mut self) {
+        self.wake = None;
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::warn!("the WAL checkpoint thread panicked");
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
