@@ -12,7 +12,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod proto;
 pub mod raft;
+pub mod restore;
 pub mod server;
-pub mod snapshot;
 pub mod store;
 pub mod watch;

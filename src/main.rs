@@ -17,9 +17,7 @@ async fn main() -> std::process::ExitCode {
     init_logging(config.log_format);
     let outcome = match &config.command {
         None => cetera::server::run(config, shutdown_signal()).await,
-        Some(Command::Restore { file, force }) => {
-            cetera::snapshot::restore_command(&config, file, *force).await
-        }
+        Some(Command::Restore { file, force }) => cetera::restore::run(&config, file, *force).await,
         Some(Command::Migrate {
             from,
             to,

@@ -24,10 +24,11 @@ use std::io::IsTerminal;
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::backend::datastore::{Datastore, DatastoreTls};
 use crate::backend::open::{BackendJob, OpenFor, with_datastore};
+use crate::backend::snapshot::{Purpose, copy, empty_target};
 use crate::backend::{Backend, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
-use crate::config::{Config, Datastore, DatastoreTls};
-use crate::snapshot::{Purpose, copy, empty_target};
+use crate::config::Config;
 use crate::store::hash::{hash_kv, hash_kv_if_compacted};
 
 /// What to migrate and how.
@@ -154,8 +155,8 @@ struct ToEtcd {
 
 impl BackendJob for ToEtcd {
     type Output = export::Exported;
-    async fn run<S: Backend>(self, source: &S) -> anyhow::Result<export::Exported> {
-        export::export(source, self.channel, self.force).await
+    async fn run<S: Backend>(self, source: S) -> anyhow::Result<export::Exported> {
+        export::export(&source, self.channel, self.force).await
     }
 }
 
@@ -167,8 +168,8 @@ struct FromEtcd {
 
 impl BackendJob for FromEtcd {
     type Output = Migrated;
-    async fn run<T: Backend>(self, target: &T) -> anyhow::Result<Migrated> {
-        etcd::import(self.channel, target, self.force).await
+    async fn run<T: Backend>(self, target: T) -> anyhow::Result<Migrated> {
+        etcd::import(self.channel, &target, self.force).await
     }
 }
 
@@ -181,8 +182,8 @@ struct FromEtcdSnapshot<'a> {
 
 impl BackendJob for FromEtcdSnapshot<'_> {
     type Output = Migrated;
-    async fn run<T: Backend>(self, target: &T) -> anyhow::Result<Migrated> {
-        etcd_snapshot::import(self.path, target, self.force, self.history).await
+    async fn run<T: Backend>(self, target: T) -> anyhow::Result<Migrated> {
+        etcd_snapshot::import(self.path, &target, self.force, self.history).await
     }
 }
 
@@ -194,9 +195,9 @@ struct FromSource<'a> {
 
 impl BackendJob for FromSource<'_> {
     type Output = Migrated;
-    async fn run<S: Backend>(self, source: &S) -> anyhow::Result<Migrated> {
+    async fn run<S: Backend>(self, source: S) -> anyhow::Result<Migrated> {
         let job = IntoTarget {
-            source,
+            source: &source,
             force: self.options.force,
             history: self.options.history,
         };
@@ -213,8 +214,8 @@ struct IntoTarget<'a, S> {
 
 impl<S: Backend> BackendJob for IntoTarget<'_, S> {
     type Output = Migrated;
-    async fn run<T: Backend>(self, target: &T) -> anyhow::Result<Migrated> {
-        migrate(self.source, target, self.force, self.history).await
+    async fn run<T: Backend>(self, target: T) -> anyhow::Result<Migrated> {
+        migrate(self.source, &target, self.force, self.history).await
     }
 }
 

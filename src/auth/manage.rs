@@ -16,15 +16,10 @@ use super::{Auth, AuthState, Caller, ROOT_ROLE, ROOT_USER};
 use crate::backend::{AuthKind, Backend, ReadTxn};
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
 use crate::store::writer::AuthWrite;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, read_auth_flags};
 
 /// Times a change is computed again when the state moved meanwhile.
 const CHANGE_ATTEMPTS: usize = 5;
-
-/// `settings` row: 1 while auth is enabled.
-pub(crate) const ENABLED_SETTING: &str = "auth_enabled";
-/// `settings` row: etcd's auth revision.
-pub(crate) const REVISION_SETTING: &str = "auth_revision";
 
 /// etcd's auth errors, with their gRPC codes and messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -123,15 +118,8 @@ fn decode_records<M: Message + Default>(
         .collect()
 }
 
-/// Whether auth is enabled and the auth revision (1 on a fresh store, as etcd starts).
-pub(crate) async fn read_flags<T: ReadTxn>(txn: &mut T) -> anyhow::Result<(bool, u64)> {
-    let enabled = txn.setting(ENABLED_SETTING).await?.unwrap_or(0) != 0;
-    let revision = txn.setting(REVISION_SETTING).await?.unwrap_or(1).max(1) as u64;
-    Ok((enabled, revision))
-}
-
 async fn read_state<T: ReadTxn>(txn: &mut T) -> anyhow::Result<AuthState> {
-    let (enabled, revision) = read_flags(txn).await?;
+    let (enabled, revision) = read_auth_flags(txn).await?;
     let users = decode_records(txn.auth_records(AuthKind::User).await?)?;
     let roles = decode_records(txn.auth_records(AuthKind::Role).await?)?;
     Ok(AuthState::new(enabled, revision, users, roles))
@@ -146,7 +134,7 @@ pub(super) async fn load_state<B: Backend>(backend: &B) -> anyhow::Result<AuthSt
 /// Reads only the enabled flag and the revision: the cheap freshness check.
 pub(super) async fn load_flags<B: Backend>(backend: &B) -> anyhow::Result<(bool, u64)> {
     let mut txn = backend.read().await?;
-    read_flags(&mut txn).await
+    read_auth_flags(&mut txn).await
 }
 
 /// The records a change works on.

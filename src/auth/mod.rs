@@ -16,7 +16,6 @@
 
 mod manage;
 
-pub(crate) use self::manage::{ENABLED_SETTING, REVISION_SETTING, read_flags};
 pub mod perms;
 mod tokens;
 

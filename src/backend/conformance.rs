@@ -535,7 +535,12 @@ pub async fn clear_leaves_an_empty_store<B: Backend>(t: TestStore<B>) {
     assert_eq!(read.count(&everything, ReadAt::Current).await.unwrap(), 0);
     assert!(read.log_entries(0, 100).await.unwrap().is_empty());
     assert!(read.leases().await.unwrap().is_empty());
-    assert_eq!(read.setting(crate::store::CLUSTER).await.unwrap(), None);
+    assert_eq!(
+        read.setting(crate::backend::settings::CLUSTER_ID)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 /// Conformance test `defragment_keeps_every_revision`.
@@ -600,7 +605,7 @@ pub async fn snapshot_restores_into_sqlite_with_equal_hashes<B: Backend>(t: Test
     let file = dir.path().join("snapshot.db");
     t.store.snapshot_to(&file).await.unwrap();
     let target = crate::backend::sqlite::Sqlite::open(&dir.path().join("restored.db")).unwrap();
-    let restored = crate::snapshot::restore(&file, &target, false)
+    let restored = crate::backend::snapshot::restore(&file, &target, false)
         .await
         .unwrap();
     assert!(!restored.checksummed, "a bare database has no trailer");

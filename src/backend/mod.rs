@@ -8,9 +8,12 @@
 pub mod changes;
 #[cfg(test)]
 pub mod conformance;
+pub mod datastore;
 pub mod mysql;
 pub mod open;
 pub mod postgres;
+pub mod settings;
+pub mod snapshot;
 pub mod sqlite;
 
 use std::future::Future;
@@ -43,6 +46,10 @@ impl Unavailable {
         error.chain().any(|cause| cause.is::<Unavailable>())
     }
 }
+
+/// Revisions of the log read per query by copies and hashes that walk it
+/// page by page, so a large store is never in memory at once.
+pub const LOG_PAGE_REVISIONS: i64 = 1000;
 
 /// A half-open key interval `[start, end)`; `end == None` means every key >= start.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,12 +1,14 @@
 //! Opening any datastore named by an endpoint and running generic code on it,
-//! so that one-off commands (`cetera restore`, `cetera migrate`) are written
-//! once for every backend rather than once per backend.
+//! so that serving and the one-off commands (`cetera restore`, `cetera
+//! migrate`) are written once for every backend rather than once per backend.
+
+use std::time::Duration;
 
 use crate::backend::Backend;
+use crate::backend::datastore::{Datastore, DatastoreTls};
 use crate::backend::mysql::Mysql;
 use crate::backend::postgres::Postgres;
 use crate::backend::sqlite::Sqlite;
-use crate::config::{Datastore, DatastoreTls};
 
 /// Work to do on an opened backend, whatever its type (a closure cannot be
 /// generic over the backend, a trait method can).
@@ -14,7 +16,7 @@ pub trait BackendJob {
     /// What the job returns.
     type Output;
     /// Runs the job on `backend`.
-    fn run<B: Backend>(self, backend: &B) -> impl Future<Output = anyhow::Result<Self::Output>>;
+    fn run<B: Backend>(self, backend: B) -> impl Future<Output = anyhow::Result<Self::Output>>;
 }
 
 /// How a datastore is opened.
@@ -24,6 +26,12 @@ pub enum OpenFor {
     Reading,
     /// Loaded in bulk: SQLite gets a large page cache.
     BulkLoad,
+    /// Served: an instance sharing its database with others looks for
+    /// their writes every `poll_interval` (at the latest).
+    Serving {
+        /// `--poll-interval`.
+        poll_interval: Duration,
+    },
 }
 
 /// Opens the datastore at `endpoint` (creating its schema if needed, as
@@ -43,9 +51,24 @@ pub async fn with_datastore<J: BackendJob>(
             if open_for == OpenFor::BulkLoad {
                 backend.prepare_bulk_load(false).await?;
             }
-            job.run(&backend).await
+            tracing::info!(path = %path.display(), "opened SQLite datastore");
+            job.run(backend).await
         }
-        Datastore::Postgres(url) => job.run(&Postgres::connect(&url, tls).await?).await,
-        Datastore::Mysql(url) => job.run(&Mysql::connect(&url, tls).await?).await,
+        Datastore::Postgres(url) => {
+            let mut backend = Postgres::connect(&url, tls).await?;
+            if let OpenFor::Serving { poll_interval } = open_for {
+                backend.set_poll_interval(poll_interval);
+            }
+            tracing::info!("connected to PostgreSQL");
+            job.run(backend).await
+        }
+        Datastore::Mysql(url) => {
+            let mut backend = Mysql::connect(&url, tls).await?;
+            if let OpenFor::Serving { poll_interval } = open_for {
+                backend.set_poll_interval(poll_interval);
+            }
+            tracing::info!("connected to MySQL");
+            job.run(backend).await
+        }
     }
 }

@@ -14,11 +14,11 @@ use anyhow::{Context, bail};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::{Imported, Migrated, progress_bar};
+use crate::backend::snapshot::empty_target;
 use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::kv_client::KvClient;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
 use crate::proto::etcdserverpb::{LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest};
-use crate::snapshot::empty_target;
 use crate::store::hash::LiveKeysHasher;
 
 /// Keys per Range request.

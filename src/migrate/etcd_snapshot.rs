@@ -23,9 +23,9 @@ use sha2::{Digest, Sha256};
 
 use super::bbolt::Db;
 use super::{Imported, Migrated};
+use crate::backend::snapshot::empty_target;
 use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::mvccpb::KeyValue;
-use crate::snapshot::empty_target;
 use crate::store::hash::LiveKeysHasher;
 
 /// The scheme of `--from` naming an etcd snapshot file.

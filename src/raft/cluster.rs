@@ -267,8 +267,11 @@ impl Cluster {
                         .cluster_id
                         .store(joined.cluster_id, Ordering::Relaxed);
                     let mut txn = store.database().write().await?;
-                    txn.set_setting(crate::store::CLUSTER, joined.cluster_id as i64)
-                        .await?;
+                    txn.set_setting(
+                        crate::backend::settings::CLUSTER_ID,
+                        joined.cluster_id as i64,
+                    )
+                    .await?;
                     txn.commit().await?;
                     tracing::info!(member_id = format_args!("{id:x}"), "joined the cluster");
                 }

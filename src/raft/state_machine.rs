@@ -63,7 +63,7 @@ impl<B: Backend> StateMachine<B> {
     async fn copy(&self) -> anyhow::Result<(Vec<u8>, Mark)> {
         std::fs::create_dir_all(&self.scratch)?;
         let file = tempfile::NamedTempFile::new_in(&self.scratch)?;
-        crate::snapshot::write_database(self.store.database(), file.path()).await?;
+        crate::backend::snapshot::write_database(self.store.database(), file.path()).await?;
         let mark = {
             let mut copy = Sqlite::read_snapshot_file(file.path())?;
             match copy.replication_mark().await? {
@@ -81,20 +81,26 @@ impl<B: Backend> StateMachine<B> {
         std::fs::write(file.path(), data)?;
         let mut source = Sqlite::read_snapshot_file(file.path())?;
         let mut target = self.store.database().write().await?;
-        crate::snapshot::empty_target(&mut target, true).await?;
-        crate::snapshot::copy(
+        crate::backend::snapshot::empty_target(&mut target, true).await?;
+        crate::backend::snapshot::copy(
             &mut source,
             &mut target,
-            crate::snapshot::Purpose::Snapshot,
+            crate::backend::snapshot::Purpose::Snapshot,
             &mut |_| {},
         )
         .await?;
         // The copy brought the sender's ids; this member keeps its own.
         target
-            .set_setting(crate::store::CLUSTER, identity.cluster_id as i64)
+            .set_setting(
+                crate::backend::settings::CLUSTER_ID,
+                identity.cluster_id as i64,
+            )
             .await?;
         target
-            .set_setting(crate::store::MEMBER, identity.member_id as i64)
+            .set_setting(
+                crate::backend::settings::MEMBER_ID,
+                identity.member_id as i64,
+            )
             .await?;
         target.set_replication_mark(&mark.encode()).await?;
         target.commit().await?;

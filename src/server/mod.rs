@@ -22,10 +22,9 @@ use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::auth::{Auth, AuthOptions};
 use crate::backend::Backend;
-use crate::backend::mysql::Mysql;
-use crate::backend::postgres::Postgres;
-use crate::backend::sqlite::Sqlite;
-use crate::config::{Config, Datastore};
+use crate::backend::datastore::Datastore;
+use crate::backend::open::{BackendJob, OpenFor, with_datastore};
+use crate::config::Config;
 use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
@@ -103,24 +102,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
         None => None,
     };
     let serving = Serving { tls, readiness };
-    match datastore {
-        Datastore::Sqlite(path) => {
-            let backend = Sqlite::open(&path)?;
-            tracing::info!(path = %path.display(), "opened SQLite datastore");
-            serve(config, backend, serving, shutdown).await
-        }
-        Datastore::Postgres(url) => {
-            let mut backend = Postgres::connect(&url, &config.datastore_tls()).await?;
-            backend.set_poll_interval(config.poll_interval);
-            tracing::info!("connected to PostgreSQL");
-            serve(config, backend, serving, shutdown).await
-        }
-        Datastore::Mysql(url) => {
-            let mut backend = Mysql::connect(&url, &config.datastore_tls()).await?;
-            backend.set_poll_interval(config.poll_interval);
-            tracing::info!("connected to MySQL");
-            serve(config, backend, serving, shutdown).await
-        }
+    let open_for = OpenFor::Serving {
+        poll_interval: config.poll_interval,
+    };
+    let (endpoint, tls) = (config.endpoint.clone(), config.datastore_tls());
+    let job = ServeJob {
+        config,
+        serving,
+        shutdown,
+    };
+    with_datastore(&endpoint, &tls, open_for, job).await
+}
+
+/// Serving, as a job on whichever backend the endpoint names.
+struct ServeJob<S> {
+    config: Config,
+    serving: Serving,
+    shutdown: S,
+}
+
+impl<S: Future<Output = ()> + Send> BackendJob for ServeJob<S> {
+    type Output = ();
+    async fn run<B: Backend>(self, backend: B) -> anyhow::Result<()> {
+        serve(self.config, backend, self.serving, self.shutdown).await
     }
 }
 

@@ -10,11 +10,10 @@
 use sha2::{Digest, Sha256};
 
 use super::error::{StoreError, StoreResult};
+use crate::backend::LOG_PAGE_REVISIONS;
 use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn};
 use crate::proto::mvccpb::KeyValue;
 
-/// Revisions read from the log per query.
-pub(crate) const LOG_PAGE_REVISIONS: i64 = 1000;
 /// Keys read per range query.
 const KEY_PAGE: usize = 1000;
 

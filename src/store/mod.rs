@@ -15,6 +15,7 @@ pub mod hash;
 mod history;
 mod publisher;
 pub mod range;
+mod settings;
 pub mod writer;
 
 use std::future::Future;
@@ -30,6 +31,7 @@ pub use self::auto_compaction::AutoCompaction;
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::publisher::Publisher;
+pub(crate) use self::settings::read_auth_flags;
 use self::writer::{Queued, WriteRequest, WriteResponse};
 use crate::backend::{AlarmRow, Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
@@ -173,7 +175,7 @@ impl<B: Backend> Store<B> {
     /// Opens the store on `backend` and starts its writer and compactors.
     pub async fn open_with(backend: B, options: StoreOptions) -> anyhow::Result<Self> {
         let backend = Arc::new(backend);
-        let identity = load_identity(&*backend).await?;
+        let identity = settings::load_identity(&*backend).await?;
         let initial = backend.read().await?.revisions().await?;
         let hub = Arc::new(WatchHub::new(initial.current));
         let publisher = Arc::new(Publisher::new(
@@ -236,7 +238,8 @@ impl<B: Backend> Store<B> {
     /// cluster reserved for this member before it joined.
     pub async fn adopt_member_id(&self, member_id: u64) -> anyhow::Result<()> {
         let mut txn = self.backend.write().await?;
-        txn.set_setting(MEMBER, member_id as i64).await?;
+        txn.set_setting(crate::backend::settings::MEMBER_ID, member_id as i64)
+            .await?;
         txn.commit().await?;
         self.member_id.store(member_id, Ordering::Relaxed);
         Ok(())
@@ -333,7 +336,7 @@ impl<B: Backend> Store<B> {
     /// Writes a snapshot database of one consistent view of the store to
     /// `path` (see `crate::snapshot`).
     pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        crate::snapshot::write_database(&*self.backend, path).await
+        crate::backend::snapshot::write_database(&*self.backend, path).await
     }
 
     /// etcd Range.
@@ -722,37 +725,4 @@ async fn poll_other_instances<B: Backend>(
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }
-}
-
-/// Setting holding the cluster id.
-pub(crate) const CLUSTER: &str = "cluster_id";
-/// Setting holding the member id.
-pub(crate) const MEMBER: &str = "member_id";
-
-/// Reads the cluster and member ids, choosing them on first start.
-async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Identity> {
-    let mut txn = backend.write().await?;
-    let stored = (txn.setting(CLUSTER).await?, txn.setting(MEMBER).await?);
-    let identity = match stored {
-        (Some(cluster), Some(member)) => Identity {
-            cluster_id: cluster as u64,
-            member_id: member as u64,
-        },
-        _ => {
-            let identity = Identity {
-                cluster_id: random_id(),
-                member_id: random_id(),
-            };
-            txn.set_setting(CLUSTER, identity.cluster_id as i64).await?;
-            txn.set_setting(MEMBER, identity.member_id as i64).await?;
-            identity
-        }
-    };
-    txn.commit().await?;
-    Ok(identity)
-}
-
-/// A non-zero id that also fits in a signed 64-bit database column.
-fn random_id() -> u64 {
-    rand::random_range(1..=i64::MAX as u64)
 }

@@ -13,6 +13,7 @@ use super::apply::Applier;
 use super::error::{StoreError, StoreResult};
 use super::publisher::Publisher;
 use super::range::check_revision;
+use crate::backend::settings;
 use crate::backend::{AlarmRow, AuthKind, Backend, ReadTxn, Revisions, Unavailable, WriteTxn};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
@@ -346,7 +347,7 @@ async fn change_auth<T: WriteTxn>(
     revs: &Revisions,
     change: &AuthWrite,
 ) -> StoreResult<()> {
-    if crate::auth::read_flags(txn).await? != change.read {
+    if super::read_auth_flags(txn).await? != change.read {
         return Err(StoreError::AuthChanged);
     }
     for (kind, name, record) in &change.records {
@@ -355,9 +356,9 @@ async fn change_auth<T: WriteTxn>(
             None => txn.remove_auth_record(*kind, name).await?,
         }
     }
-    txn.set_setting(crate::auth::ENABLED_SETTING, i64::from(change.enabled))
+    txn.set_setting(settings::AUTH_ENABLED, i64::from(change.enabled))
         .await?;
-    txn.set_setting(crate::auth::REVISION_SETTING, change.revision as i64)
+    txn.set_setting(settings::AUTH_REVISION, change.revision as i64)
         .await?;
     // Storing the counters unchanged is what tells other instances sharing
     // the database (Postgres NOTIFY) that something changed.

@@ -40,7 +40,7 @@ use self::tls::ssl_opts;
 use self::txn::{MysqlRead, MysqlWrite, Session};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL};
 use super::{Backend, BackendResult, DatabaseSize, Unavailable};
-use crate::config::DatastoreTls;
+use crate::backend::datastore::DatastoreTls;
 
 /// Longest key the schema stores, in bytes (`VARBINARY(3056)`: with the
 /// revision and sub columns it fills InnoDB's 3072-byte index limit; see

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use mysql_async::{ClientIdentity, Opts, SslOpts};
 
 use super::endpoint::{Endpoint, TlsParam};
-use crate::config::DatastoreTls;
+use crate::backend::datastore::DatastoreTls;
 
 /// TLS options for the connection and whether the server may refuse TLS.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@ use tokio_postgres::Config;
 
 use super::tls::{SslMode, SslRequest};
 use super::{DEFAULT_DATABASE, describe};
-use crate::config::DatastoreTls;
+use crate::backend::datastore::DatastoreTls;
 
 /// Connect timeout when the URL sets no `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -43,7 +43,7 @@ use self::sessions::{AbortOnDrop, Listener, LockSession, lock_key, simple_value}
 use self::txn::{BEGIN_READ, BEGIN_WRITE, LOCK_META, PostgresRead, PostgresWrite, TxnConn};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL, Notifications};
 use super::{Backend, BackendResult, DatabaseSize, Unavailable};
-use crate::config::DatastoreTls;
+use crate::backend::datastore::DatastoreTls;
 
 /// The database used when the URL names none, as kine does.
 const DEFAULT_DATABASE: &str = "kubernetes";

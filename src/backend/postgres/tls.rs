@@ -316,9 +316,9 @@ impl ServerCertVerifier for EncryptOnly {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::datastore::DatastoreTls;
     use crate::backend::postgres::connect::Connector;
     use crate::backend::postgres::endpoint::Target;
-    use crate::config::DatastoreTls;
 
     #[test]
     fn tls_follows_sslmode_and_the_files() {

@@ -1,4 +1,4 @@
-//! Snapshots and `cetera restore`.
+//! Snapshots, and restoring them into a datastore.
 //!
 //! A snapshot is an SQLite database with cetera's schema holding the rows of
 //! one consistent view of the store (log, kv, meta, lease, and the identity
@@ -18,12 +18,11 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use crate::auth;
-use crate::backend::open::{BackendJob, OpenFor, with_datastore};
-use crate::backend::sqlite::Sqlite;
-use crate::backend::{AuthKind, Backend, KeyRange, ReadAt, ReadTxn, Revisions, WriteTxn};
-use crate::config::Config;
-use crate::store::hash::LOG_PAGE_REVISIONS;
+use super::settings::{AUTH_ENABLED, AUTH_REVISION, CLUSTER_ID, MEMBER_ID};
+use super::sqlite::Sqlite;
+use super::{
+    AuthKind, Backend, KeyRange, LOG_PAGE_REVISIONS, ReadAt, ReadTxn, Revisions, WriteTxn,
+};
 
 /// Bytes of the SHA-256 trailer.
 pub const TRAILER_BYTES: u64 = 32;
@@ -97,13 +96,13 @@ pub(crate) async fn copy<R: ReadTxn, W: WriteTxn>(
             target.put_auth_record(kind, &name, &record).await?;
         }
     }
-    for name in [auth::ENABLED_SETTING, auth::REVISION_SETTING] {
+    for name in [AUTH_ENABLED, AUTH_REVISION] {
         if let Some(value) = source.setting(name).await? {
             target.set_setting(name, value).await?;
         }
     }
     if purpose != Purpose::Restore {
-        for name in [crate::store::CLUSTER, crate::store::MEMBER] {
+        for name in [CLUSTER_ID, MEMBER_ID] {
             if let Some(value) = source.setting(name).await? {
                 target.set_setting(name, value).await?;
             }
@@ -251,31 +250,4 @@ pub async fn restore<B: Backend>(
         revisions,
         checksummed,
     })
-}
-
-/// `cetera restore FILE`: opens the datastore named by the flags and restores into it.
-pub async fn restore_command(config: &Config, file: &Path, force: bool) -> anyhow::Result<()> {
-    struct RestoreJob<'a> {
-        file: &'a Path,
-        force: bool,
-    }
-    impl BackendJob for RestoreJob<'_> {
-        type Output = Restored;
-        async fn run<B: Backend>(self, backend: &B) -> anyhow::Result<Restored> {
-            restore(self.file, backend, self.force).await
-        }
-    }
-    let job = RestoreJob { file, force };
-    let tls = config.datastore_tls();
-    let restored = with_datastore(&config.endpoint, &tls, OpenFor::BulkLoad, job).await?;
-    if !restored.checksummed {
-        tracing::warn!("the snapshot has no SHA-256 trailer; restored without checking it");
-    }
-    tracing::info!(
-        revision = restored.revisions.current,
-        compact_revision = restored.revisions.compact,
-        "restored snapshot {}",
-        file.display()
-    );
-    Ok(())
 }

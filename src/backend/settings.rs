@@ -1,0 +1,11 @@
+//! The names of the `settings` rows: small values kept beside the data,
+//! which every datastore holds the same way.
+
+/// The cluster id.
+pub const CLUSTER_ID: &str = "cluster_id";
+/// This member's id.
+pub const MEMBER_ID: &str = "member_id";
+/// Whether auth is enabled (0 or 1).
+pub const AUTH_ENABLED: &str = "auth_enabled";
+/// etcd's auth revision: counts the changes of users, roles and the switch.
+pub const AUTH_REVISION: &str = "auth_revision";
