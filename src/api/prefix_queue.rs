@@ -24,8 +24,8 @@ use crate::proto::etcdserverpb::{
     RequestOp, ResponseHeader, TxnRequest,
 };
 use crate::proto::mvccpb::event::EventType;
+use crate::store::hub::RevisionEvents;
 use crate::store::{Store, StoreError};
-use crate::watch::hub::RevisionEvents;
 
 /// TTL of the lease etcd grants for a request that names lease 0
 /// (concurrency.NewSession's default).
@@ -230,19 +230,7 @@ impl<B: Backend> RevisionFeed<B> {
             let through = *self.latest.borrow_and_update();
             if through > self.after {
                 let after = self.after;
-                let revisions = match self.store.hub().since(after, (through - after) as usize) {
-                    Some(window) => window
-                        .into_iter()
-                        .filter(|r| r.revision <= through)
-                        .collect(),
-                    None => self
-                        .store
-                        .history(after, through, false)
-                        .await?
-                        .into_iter()
-                        .map(Arc::new)
-                        .collect::<Vec<_>>(),
-                };
+                let revisions = self.store.revisions_after(after, through, false).await?;
                 self.after = through;
                 if !revisions.is_empty() {
                     return Ok(revisions);

@@ -471,7 +471,7 @@ pub async fn history_from_the_log_matches_what_watchers_saw<B: Backend>(t: TestS
         .iter()
         .map(|r| (**r).clone())
         .collect();
-    let logged = t.store.history(1, latest, true).await.unwrap();
+    let logged = t.store.logged_revisions(1, latest).await.unwrap();
     assert_eq!(logged, live);
     // The key's state at a revision is its last change in that revision.
     let b = t.store.range(&get_req("b", 5)).await.unwrap();

@@ -5,7 +5,7 @@
 use super::error::{StoreError, StoreResult};
 use crate::backend::{Backend, KeyRange, ReadAt, ReadTxn};
 use crate::proto::mvccpb::{Event, event::EventType};
-use crate::watch::hub::RevisionEvents;
+use crate::store::hub::RevisionEvents;
 
 /// The revisions in `(after, through]` (capped at the current revision).
 /// With `with_prev_kv`, each event carries the key's state at revision - 1,

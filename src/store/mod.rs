@@ -13,6 +13,7 @@ mod count_cache;
 pub mod error;
 pub mod hash;
 mod history;
+pub mod hub;
 mod publisher;
 pub mod range;
 mod settings;
@@ -40,7 +41,7 @@ use crate::proto::etcdserverpb::{
     LeaseRevokeResponse, LeaseStatus, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
-use crate::watch::hub::{RevisionEvents, WatchHub};
+use crate::store::hub::{RevisionEvents, WatchHub};
 
 /// Write requests waiting for the writer before senders wait too.
 const QUEUE_DEPTH: usize = 4096;
@@ -299,16 +300,35 @@ impl<B: Backend> Store<B> {
         self.publisher.hub()
     }
 
-    /// The revisions in `(after, through]`, read from the log, each event
-    /// with the key's state at the previous revision when asked (and not
-    /// compacted away), as etcd's watch catch-up delivers them.
-    pub async fn history(
+    /// The revisions in `(after, through]`: from the hub's window while it
+    /// reaches back that far (its events always carry the previous key),
+    /// else from the log, each event with the key's state at the previous
+    /// revision when `with_prev_kv` (and not compacted away), as etcd's
+    /// watch catch-up delivers them.
+    pub async fn revisions_after(
         &self,
         after: i64,
         through: i64,
         with_prev_kv: bool,
+    ) -> StoreResult<Vec<Arc<RevisionEvents>>> {
+        let wanted = usize::try_from(through - after).unwrap_or(0);
+        if let Some(mut window) = self.hub().since(after, wanted) {
+            window.retain(|r| r.revision <= through);
+            return Ok(window);
+        }
+        let logged = history::read(&*self.backend, after, through, with_prev_kv).await?;
+        Ok(logged.into_iter().map(Arc::new).collect())
+    }
+
+    /// `revisions_after` read from the log only, for tests that hold the
+    /// hub's window against it.
+    #[cfg(test)]
+    pub(crate) async fn logged_revisions(
+        &self,
+        after: i64,
+        through: i64,
     ) -> StoreResult<Vec<RevisionEvents>> {
-        history::read(&*self.backend, after, through, with_prev_kv).await
+        history::read(&*self.backend, after, through, true).await
     }
 
     /// Size of the underlying database.

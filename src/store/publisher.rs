@@ -13,7 +13,7 @@ use tokio::sync::{Mutex, watch};
 
 use super::history;
 use crate::backend::{Backend, ReadTxn, Revisions};
-use crate::watch::hub::{RevisionEvents, WatchHub};
+use crate::store::hub::{RevisionEvents, WatchHub};
 
 /// Revisions read from the log per step when filling a gap.
 const FILL_STEP: i64 = 1000;

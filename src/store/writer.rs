@@ -21,7 +21,7 @@ use crate::proto::etcdserverpb::{
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseRevokeResponse, PutRequest, PutResponse,
     ResponseHeader, TxnRequest, TxnResponse,
 };
-use crate::watch::hub::RevisionEvents;
+use crate::store::hub::RevisionEvents;
 
 /// Most requests committed together.
 const MAX_BATCH: usize = 256;

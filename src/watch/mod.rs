@@ -1,6 +1,5 @@
-//! etcd's watch semantics: the hub that carries committed revisions to
-//! watchers, and the per-stream session that applies etcd's rules (start
-//! revisions, filters, compaction, progress, fragments) for the Watch RPC.
+//! etcd's watch semantics: the per-stream session that applies etcd's rules
+//! (start revisions, filters, compaction, progress, fragments) for the Watch
+//! RPC, on the revisions the store's hub carries.
 
-pub mod hub;
 pub mod session;

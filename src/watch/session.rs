@@ -16,13 +16,13 @@ use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::{Stream, StreamExt};
 
-use super::hub::RevisionEvents;
 use crate::backend::{Backend, KeyRange};
 use crate::metrics::{GaugeGuard, metrics};
 use crate::proto::etcdserverpb::watch_create_request::FilterType;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
 use crate::proto::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse};
 use crate::proto::mvccpb::{Event, event::EventType};
+use crate::store::hub::RevisionEvents;
 use crate::store::range::key_range;
 use crate::store::{Store, StoreError};
 
@@ -309,10 +309,10 @@ impl<B: Backend> WatchSession<B> {
             let compact = self.store.revisions().compact;
             let batch = if watcher.next < compact {
                 Err(StoreError::Compacted)
-            } else if let Some(window) = self.store.hub().since(after, (through - after) as usize) {
-                Ok(window.iter().map(|r| (**r).clone()).collect())
             } else {
-                self.store.history(after, through, watcher.prev_kv).await
+                self.store
+                    .revisions_after(after, through, watcher.prev_kv)
+                    .await
             };
             let revisions = match batch {
                 Ok(revisions) => revisions,
