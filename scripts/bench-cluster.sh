@@ -81,7 +81,7 @@ BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 CETERA=$BIN/cetera
 BENCH=$BIN/cetera-bench
 CETERA_REV="commit $(git rev-parse --short HEAD)"
-if [[ -n $(git status --porcelain -- src migrations proto build.rs ':(exclude)src/bin/cetera-bench') ]]; then
+if [[ -n $(git status --porcelain -- src migrations crates/cetera-proto ':(exclude)src/bin/cetera-bench') ]]; then
     CETERA_REV+=" + uncommitted changes to the server"
 fi
 

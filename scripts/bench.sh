@@ -97,7 +97,7 @@ cargo build --release --quiet --bin cetera --bin cetera-bench
 CETERA=$ROOT/target/release/cetera
 # What was built: the commit, and whether the server's sources differed from it.
 CETERA_REV="commit $(git rev-parse --short HEAD)"
-if [[ -n $(git status --porcelain -- src migrations proto build.rs ':(exclude)src/bin/cetera-bench') ]]; then
+if [[ -n $(git status --porcelain -- src migrations crates/cetera-proto ':(exclude)src/bin/cetera-bench') ]]; then
     CETERA_REV+=" + uncommitted changes to the server"
 fi
 BENCH=$ROOT/target/release/cetera-bench
