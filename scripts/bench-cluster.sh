@@ -76,12 +76,12 @@ want() { [[ -z $ONLY || ",$ONLY," == *",$1,"* ]]; }
 # Binaries
 # ---------------------------------------------------------------------------------
 log "building release binaries"
-cargo build --release --quiet --bin cetera --bin cetera-bench
+cargo build --release --quiet -p cetera -p cetera-bench
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 CETERA=$BIN/cetera
 BENCH=$BIN/cetera-bench
 CETERA_REV="commit $(git rev-parse --short HEAD)"
-if [[ -n $(git status --porcelain -- src migrations proto build.rs ':(exclude)src/bin/cetera-bench') ]]; then
+if [[ -n $(git status --porcelain -- src migrations crates/cetera-proto) ]]; then
     CETERA_REV+=" + uncommitted changes to the server"
 fi
 

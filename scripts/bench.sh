@@ -93,11 +93,11 @@ want() { [[ -z $ONLY || ",$ONLY," == *",$1,"* ]]; }
 # Binaries
 # ---------------------------------------------------------------------------------
 log "building release binaries"
-cargo build --release --quiet --bin cetera --bin cetera-bench
+cargo build --release --quiet -p cetera -p cetera-bench
 CETERA=$ROOT/target/release/cetera
 # What was built: the commit, and whether the server's sources differed from it.
 CETERA_REV="commit $(git rev-parse --short HEAD)"
-if [[ -n $(git status --porcelain -- src migrations proto build.rs ':(exclude)src/bin/cetera-bench') ]]; then
+if [[ -n $(git status --porcelain -- src migrations crates/cetera-proto) ]]; then
     CETERA_REV+=" + uncommitted changes to the server"
 fi
 BENCH=$ROOT/target/release/cetera-bench

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command. Installs the reference etcd/etcdctl binaries the
 # tests compare cetera against (scripts/install-test-deps.sh), then runs every
-# test with cargo-nextest (installed from crates.io if missing):
+# test of every workspace member (`--workspace`) with cargo-nextest (installed
+# from crates.io if missing):
 #   1. unit tests (each backend's conformance suite included) and the
 #      integration tests on SQLite;
 #   2. the differential suites again with every server a follower of a
@@ -24,14 +25,14 @@ reachable() { timeout 2 bash -c "</dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
 status=0
 echo "=== unit tests, and integration tests on SQLite"
-cargo nextest run --no-fail-fast "$@" || status=1
+cargo nextest run --workspace --no-fail-fast "$@" || status=1
 
 echo "=== differential suites against a follower of a 3-member cluster"
 CLUSTER_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(kubernetes)'
 # Single-server behaviour (Status and MemberList of one server, restarts and
 # shutdown of the server process): nextest reports these 3 as skipped here.
 SINGLE_SERVER_ONLY='test(maintenance_and_cluster_for_etcdctl) | test(lease_keeps_remaining_time_across_restart) | test(shutdown_ends_waiting_calls_and_keeps_their_keys)'
-CETERA_TEST_CLUSTER=1 cargo nextest run --no-fail-fast \
+CETERA_TEST_CLUSTER=1 cargo nextest run --workspace --no-fail-fast \
     -E "($CLUSTER_SUITES) - ($SINGLE_SERVER_ONLY)" "$@" || status=1
 
 for backend in postgres mysql; do
@@ -47,7 +48,7 @@ for backend in postgres mysql; do
         continue
     fi
     echo "=== integration tests on $backend"
-    CETERA_TEST_BACKEND=$backend cargo nextest run --no-fail-fast \
+    CETERA_TEST_BACKEND=$backend cargo nextest run --workspace --no-fail-fast \
         -E 'kind(test) and not binary(cluster) and not binary(test_support)' "$@" || status=1
 done
 exit $status

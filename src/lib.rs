@@ -10,7 +10,8 @@ pub mod backend;
 pub mod config;
 pub mod metrics;
 pub mod migrate;
-pub mod proto;
+/// The generated etcd v3 and peer protocol types, from the `cetera-proto` crate.
+pub use cetera_proto as proto;
 pub mod raft;
 pub mod restore;
 pub mod server;

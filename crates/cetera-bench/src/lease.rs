@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use cetera::proto::etcdserverpb::{
+use cetera_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest,
     lease_client::LeaseClient,
 };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cetera::proto::etcdserverpb::{PutRequest, RangeRequest, kv_client::KvClient};
+use cetera_proto::etcdserverpb::{PutRequest, RangeRequest, kv_client::KvClient};
 use clap::Args;
 use tonic::transport::Channel;
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cetera::proto::etcdserverpb::{RangeRequest, kv_client::KvClient};
+use cetera_proto::etcdserverpb::{RangeRequest, kv_client::KvClient};
 use tonic::transport::{Channel, Endpoint};
 
 /// Largest response a client accepts (a List page of big values can pass 4 MiB).

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cetera::proto::etcdserverpb::{
+use cetera_proto::etcdserverpb::{
     PutRequest, StatusRequest, StatusResponse, maintenance_client::MaintenanceClient,
 };
 use clap::Args;

@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use cetera::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use cetera::proto::etcdserverpb::request_op::Request as Op;
-use cetera::proto::etcdserverpb::response_op::Response as OpResponse;
-use cetera::proto::etcdserverpb::{
+use cetera_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use cetera_proto::etcdserverpb::request_op::Request as Op;
+use cetera_proto::etcdserverpb::response_op::Response as OpResponse;
+use cetera_proto::etcdserverpb::{
     Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
     kv_client::KvClient,
 };

@@ -1,7 +1,7 @@
 //! Put: each operation writes one key (random, or sequential with `--seq`) with a
 //! `--val-size` value.
 
-use cetera::proto::etcdserverpb::{PutRequest, kv_client::KvClient};
+use cetera_proto::etcdserverpb::{PutRequest, kv_client::KvClient};
 use rand::rngs::StdRng;
 use tonic::transport::Channel;
 

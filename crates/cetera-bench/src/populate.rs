@@ -1,7 +1,7 @@
 //! Populate: writes every key of the key space, `--batch` puts per Txn, with the
 //! `--clients` workers. Scenarios that read call it first under `--populate`.
 
-use cetera::proto::etcdserverpb::{
+use cetera_proto::etcdserverpb::{
     PutRequest, RequestOp, TxnRequest, kv_client::KvClient, request_op::Request as Op,
 };
 use clap::Args;

@@ -1,7 +1,6 @@
 //! Compiles etcd's v3 protocol definitions (and cetera's peer service) in
-//! `proto/` into Rust (messages via
-//! prost, services via tonic). Uses the pure-Rust `protox` compiler, so no
-//! system `protoc` is needed.
+//! this crate's `proto/` into Rust (messages via prost, services via tonic).
+//! Uses the pure-Rust `protox` compiler, so no system `protoc` is needed.
 
 const PROTOS: &[&str] = &[
     "mvccpb/kv.proto",

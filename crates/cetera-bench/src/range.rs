@@ -1,7 +1,7 @@
 //! Range: single-key reads of random (or sequential) keys, or with `--prefix-limit N`
 //! a read of the whole prefix limited to N keys; linearizable unless `--serializable`.
 
-use cetera::proto::etcdserverpb::{RangeRequest, kv_client::KvClient};
+use cetera_proto::etcdserverpb::{RangeRequest, kv_client::KvClient};
 use clap::Args;
 use rand::rngs::StdRng;
 use tonic::transport::Channel;

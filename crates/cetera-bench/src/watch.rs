@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cetera::proto::etcdserverpb::watch_request::RequestUnion;
-use cetera::proto::etcdserverpb::{
+use cetera_proto::etcdserverpb::watch_request::RequestUnion;
+use cetera_proto::etcdserverpb::{
     PutRequest, WatchCreateRequest, WatchRequest, kv_client::KvClient, watch_client::WatchClient,
 };
 use clap::Args;
@@ -123,7 +123,7 @@ impl Watchers {
 
 /// Reads one stream until every watcher on it has seen the target revision.
 async fn read(
-    mut responses: tonic::Streaming<cetera::proto::etcdserverpb::WatchResponse>,
+    mut responses: tonic::Streaming<cetera_proto::etcdserverpb::WatchResponse>,
     // Dropping the request side would end the stream: keep it until done.
     _requests: mpsc::Sender<WatchRequest>,
     ids: Vec<i64>,

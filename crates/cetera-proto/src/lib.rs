@@ -1,5 +1,12 @@
-//! Rust types and gRPC stubs generated at build time from etcd's v3.5 wire
-//! protocol (`proto/`). The packages are sibling modules so that generated
+//! `cetera-proto`: the wire protocol of cetera, as Rust types and gRPC stubs
+//! generated at build time (prost messages, tonic clients and servers) from
+//! the `.proto` files in this crate's `proto/`: etcd's v3.5 protocol (field
+//! numbers as etcd's) and `ceterapb`, the peer service between the members of
+//! a replicated cluster. `build.rs` compiles them with the pure-Rust `protox`,
+//! so no system `protoc` is needed.
+//!
+//! The server re-exports this crate as `cetera::proto`; `cetera-bench` uses
+//! its clients directly. The packages are sibling modules so that generated
 //! cross-package paths such as `super::mvccpb::KeyValue` resolve.
 
 /// Stored key-values and watch events.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use cetera::proto::etcdserverpb::{
+use cetera_proto::etcdserverpb::{
     LeaseGrantRequest, kv_client::KvClient, lease_client::LeaseClient,
 };
 use clap::Args;
