@@ -13,11 +13,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
+    let config = Config::parse().with_command_endpoint();
     init_logging(config.log_format);
     let outcome = match &config.command {
         None => cetera::server::run(config, shutdown_signal()).await,
-        Some(Command::Restore { file, force }) => {
+        Some(Command::Restore { file, force, .. }) => {
             cetera::snapshot::restore_command(&config, file, *force).await
         }
         Some(Command::Migrate {
