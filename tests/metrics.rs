@@ -475,3 +475,12 @@ async fn half_closed_watch_streams_end_with_the_client_and_the_server() {
     let end = watch.recv(Duration::from_secs(5)).await;
     assert!(end.is_err(), "the stream ended with the server: {end:?}");
 }
+
+/// Plain logs written to a file (stderr is no terminal) carry no ANSI colour codes.
+#[tokio::test]
+async fn plain_logs_to_a_file_have_no_colour_codes() {
+    let cetera = Cetera::start().await;
+    let log = cetera.log();
+    assert!(log.contains("serving the etcd API"), "{log}");
+    assert!(!log.contains('\x1b'), "escape codes in {log:?}");
+}
