@@ -439,6 +439,27 @@ mod tests {
         assert!(message.contains("gave up"), "{message}");
     }
 
+    /// The retries last the whole patience, and the error says how long they took.
+    #[tokio::test]
+    async fn retries_last_their_patience_and_say_how_long() {
+        let patience = Duration::from_millis(1300);
+        let started = std::time::Instant::now();
+        let error = Mysql::connect_within(
+            "mysql://root@127.0.0.1:1/db",
+            &DatastoreTls::default(),
+            patience,
+        )
+        .await
+        .err()
+        .expect("no server");
+        let took = started.elapsed();
+        assert!(took >= patience, "gave up after {took:?}");
+        let message = format!("{error:#}");
+        let reported = crate::backend::gave_up_after(&message).expect(&message);
+        assert!(reported >= patience.as_secs_f64(), "{message}");
+        assert!(reported <= took.as_secs_f64() + 0.05, "{message}");
+    }
+
     #[tokio::test]
     async fn keys_are_bytes_and_too_long_keys_are_refused() {
         let t = open().await;
