@@ -243,19 +243,29 @@ impl Backend for Mysql {
         let _ = conn
             .query_drop("SET SESSION information_schema_stats_expiry = 0")
             .await;
-        let rows: Vec<(i64,)> = select(
+        // data_free is the free space of a table's own tablespace (file per
+        // table, the default): allocated on disk, holding nothing. InnoDB
+        // refreshes these statistics in the background, so they lag writes.
+        let rows: Vec<(i64, i64)> = select(
             &mut conn,
-            "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
+            "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(data_free), 0) AS SIGNED) \
              FROM information_schema.TABLES WHERE table_schema = ?",
             (self.database.as_str(),),
         )
         .await?;
-        // InnoDB reports no free space inside the pages it uses, so all of it counts as in use.
-        let total = rows.first().map_or(0, |r| r.0);
+        let (in_use, free) = rows.first().copied().unwrap_or_default();
         Ok(DatabaseSize {
-            total,
-            in_use: total,
+            total: in_use + free,
+            in_use,
         })
+    }
+
+    /// The tables' data and indexes, as before free space was reported:
+    /// InnoDB keeps a few MiB free per table, which a small quota would
+    /// not fit.
+    fn quota_bytes(&self, size: &DatabaseSize) -> i64 {
+        size.in_use
     }
 
     /// OPTIMIZE TABLE: InnoDB rebuilds each table (online, as ALTER TABLE
