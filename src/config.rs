@@ -19,13 +19,16 @@ pub struct Config {
     pub listen_address: SocketAddr,
 
     /// Where the data lives: `sqlite://PATH` or a bare file path (the folder is
-    /// created). k3s's `--datastore-endpoint` name is accepted too.
+    /// created), `postgres://USER:PASSWORD@HOST:PORT/DB` (or postgresql://),
+    /// or `mysql://USER:PASSWORD@HOST:PORT/DB`. k3s's `--datastore-endpoint`
+    /// name is accepted too.
+    // Not global: `cetera migrate` names its datastores with --from and --to;
+    // `cetera restore` has its own copy of the flag.
     #[arg(
         long,
         visible_alias = "datastore-endpoint",
         env = "CETERA_ENDPOINT",
-        default_value = DEFAULT_ENDPOINT,
-        global = true
+        default_value = DEFAULT_ENDPOINT
     )]
     pub endpoint: String,
 
@@ -187,8 +190,8 @@ pub struct Config {
     /// to, on both ends of a peer connection.
     #[arg(long, env = "CETERA_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<PathBuf>,
-    /// A one-off command instead of serving. The datastore flags
-    /// (--endpoint and the TLS files) apply to it too.
+    /// A one-off command instead of serving. The datastore TLS flags apply
+    /// to it too.
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -202,6 +205,10 @@ pub enum Command {
     Restore {
         /// The snapshot file.
         file: PathBuf,
+        /// The datastore to load it into, in the forms the server's
+        /// --endpoint takes (default: that flag's value, or CETERA_ENDPOINT).
+        #[arg(long, visible_alias = "datastore-endpoint")]
+        endpoint: Option<String>,
         /// Replace whatever the datastore holds (otherwise it must be empty).
         #[arg(long)]
         force: bool,
@@ -315,6 +322,18 @@ impl Config {
             cert_file: self.datastore_certfile.clone(),
             key_file: self.datastore_keyfile.clone(),
         }
+    }
+
+    /// The flags with `cetera restore --endpoint`, if given, as the endpoint.
+    pub fn with_command_endpoint(mut self) -> Config {
+        if let Some(Command::Restore {
+            endpoint: Some(endpoint),
+            ..
+        }) = &self.command
+        {
+            self.endpoint = endpoint.clone();
+        }
+        self
     }
 
     /// The client URLs to report, derived from the listen address unless given.
@@ -452,10 +471,10 @@ mod tests {
                 "snap.db",
             ][..],
         ] {
-            let config = Config::parse_from(args);
+            let config = Config::parse_from(args).with_command_endpoint();
             assert_eq!(config.endpoint, "/y.db");
             match config.command {
-                Some(Command::Restore { file, force }) => {
+                Some(Command::Restore { file, force, .. }) => {
                     assert_eq!((file, force), (PathBuf::from("snap.db"), true));
                 }
                 other => panic!("{other:?}"),

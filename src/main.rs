@@ -13,11 +13,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
+    let config = Config::parse().with_command_endpoint();
     init_logging(config.log_format);
     let outcome = match &config.command {
         None => cetera::server::run(config, shutdown_signal()).await,
-        Some(Command::Restore { file, force }) => cetera::restore::run(&config, file, *force).await,
+        Some(Command::Restore { file, force, .. }) => {
+            cetera::restore::run(&config, file, *force).await
+        }
         Some(Command::Migrate {
             from,
             to,
@@ -60,8 +62,11 @@ async fn main() -> std::process::ExitCode {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal, not in files or journals.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Plain => builder.init(),

@@ -429,3 +429,58 @@ async fn json_logs_are_one_object_per_line() {
         "{log}"
     );
 }
+
+/// A Watch stream whose client has half-closed its side lives on (etcd keeps it), but
+/// still ends when the client cancels the call and when the server shuts down: its
+/// session does not outlive the client, and a graceful stop does not wait for it.
+// Two worker threads: the client's connection runs while the test waits for the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_closed_watch_streams_end_with_the_client_and_the_server() {
+    let (mut cetera, address) = start().await;
+    let channel = common::channel(&cetera.endpoint()).await;
+    let streams = |s: &Scrape| s.value("etcd_debugging_mvcc_watch_stream_total", &[]);
+    let watchers = |s: &Scrape| s.value("etcd_debugging_mvcc_watcher_total", &[]);
+    let idle = scrape(&address).await;
+    let open = |channel: &tonic::transport::Channel| {
+        let watch = WatchStream::open(channel.clone(), false);
+        watch.create(WatchCreateRequest {
+            key: b"a".to_vec(),
+            ..Default::default()
+        });
+        watch
+    };
+
+    let mut watch = open(&channel);
+    assert!(watch.recv(Duration::from_secs(5)).await.unwrap().created);
+    watch.close_send();
+    scrape_until(&address, "the half-closed stream counted", |s| {
+        streams(s) == streams(&idle) + 1.0 && watchers(s) == watchers(&idle) + 1.0
+    })
+    .await;
+    drop(watch);
+    scrape_until(&address, "the cancelled stream gone", |s| {
+        streams(s) == streams(&idle) && watchers(s) == watchers(&idle)
+    })
+    .await;
+
+    let mut watch = open(&channel);
+    assert!(watch.recv(Duration::from_secs(5)).await.unwrap().created);
+    watch.close_send();
+    let status = cetera.terminate(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit status {status:?}\n{}",
+        cetera.log()
+    );
+    let end = watch.recv(Duration::from_secs(5)).await;
+    assert!(end.is_err(), "the stream ended with the server: {end:?}");
+}
+
+/// Plain logs written to a file (stderr is no terminal) carry no ANSI colour codes.
+#[tokio::test]
+async fn plain_logs_to_a_file_have_no_colour_codes() {
+    let cetera = Cetera::start().await;
+    let log = cetera.log();
+    assert!(log.contains("serving the etcd API"), "{log}");
+    assert!(!log.contains('\x1b'), "escape codes in {log:?}");
+}

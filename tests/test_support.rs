@@ -1,11 +1,13 @@
 //! Tests of the test-support pieces used by the cluster fault tests: the linearizability
 //! checker (tests/common/linearizability.rs) and the link-cutting TCP proxy
-//! (tests/common/fault_proxy.rs).
+//! (tests/common/fault_proxy.rs); and that docker-compose.yml's databases are the ones
+//! the tests connect to by default (tests/common/datastore.rs).
 
 mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -437,4 +439,59 @@ async fn proxy_cut_kills_a_connection_mid_transfer() {
     let (_, got) = tokio::join!(writer, reader);
     let got = got.expect("reads hung after cut()");
     assert!(got < big.len(), "whole transfer went through a cut link");
+}
+
+/// The lines of docker-compose.yml's service `name`, up to the next service.
+fn compose_service(compose: &str, name: &str) -> String {
+    let header = format!("  {name}:");
+    compose
+        .lines()
+        .skip_while(|line| *line != header)
+        .skip(1)
+        .take_while(|line| line.is_empty() || line.starts_with("    "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `docker compose up` serves what the tests connect with by default: PostgreSQL's
+/// `postgres` and MariaDB's `root` without a password, on the default ports; and the
+/// README names the variables that point the tests elsewhere.
+#[test]
+fn docker_compose_serves_the_test_defaults() {
+    use common::datastore::{DEFAULT_MYSQL_URL, DEFAULT_POSTGRES_URL};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let compose = std::fs::read_to_string(root.join("docker-compose.yml")).unwrap();
+    assert_eq!(DEFAULT_POSTGRES_URL, "postgres://postgres@127.0.0.1:5432");
+    let postgres = compose_service(&compose, "postgres");
+    assert!(postgres.contains("\"127.0.0.1:5432:5432\""), "{postgres}");
+    assert!(
+        postgres.contains("POSTGRES_HOST_AUTH_METHOD: trust"),
+        "{postgres}"
+    );
+    assert!(
+        !postgres.contains("POSTGRES_USER"),
+        "the superuser stays postgres: {postgres}"
+    );
+    assert_eq!(DEFAULT_MYSQL_URL, "mysql://root@127.0.0.1:3306");
+    let mysql = compose_service(&compose, "mysql");
+    assert!(mysql.contains("\"127.0.0.1:3306:3306\""), "{mysql}");
+    assert!(
+        mysql.contains("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD"),
+        "{mysql}"
+    );
+    assert!(!mysql.contains("MARIADB_ROOT_PASSWORD"), "{mysql}");
+
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for documented in [
+        "CETERA_TEST_POSTGRES_URL",
+        "CETERA_TEST_MYSQL_URL",
+        "CETERA_TEST_BACKEND",
+        DEFAULT_POSTGRES_URL,
+        DEFAULT_MYSQL_URL,
+    ] {
+        assert!(
+            readme.contains(documented),
+            "README.md does not name {documented}"
+        );
+    }
 }

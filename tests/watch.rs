@@ -32,6 +32,7 @@ use cetera::proto::etcdserverpb::{
     request_op::Request as Op,
 };
 use common::{Side, differential};
+use tokio_stream::StreamExt as _;
 
 /// How long to listen for responses that must not come.
 const SILENCE: Duration = Duration::from_millis(300);
@@ -556,6 +557,144 @@ async fn odd_requests() {
         ws.create(key(b"b"));
         s.recv(&mut ws, "the stream still works").await;
         s.quiet(&mut ws, SILENCE, "nothing else").await;
+    })
+    .await;
+}
+
+/// A client that half-closes its side keeps the stream: etcd goes on sending events, and
+/// the call ends only when the client cancels it or its deadline passes, whatever the
+/// client sent before (nothing, an empty WatchRequest, a cancel of an unknown id).
+#[tokio::test]
+async fn half_closed_stream_stays_open() {
+    differential(&[], &[], async |s: &mut Side| {
+        let mut ws = s.watch();
+        ws.create(key(b"a"));
+        s.recv(&mut ws, "created").await;
+        ws.close_send();
+        s.put(b"a", b"1").await;
+        s.recv(&mut ws, "after the half-close: PUT a=1").await;
+        s.put(b"a", b"2").await;
+        s.recv(&mut ws, "and PUT a=2").await;
+        drop(ws);
+
+        type Send = fn(&common::WatchStream);
+        let cases: [(&str, Send); 3] = [
+            ("nothing sent", |_| {}),
+            ("an empty WatchRequest", |ws| ws.send_empty()),
+            ("a cancel of an unknown id", |ws| ws.cancel(42)),
+        ];
+        for (what, send) in cases {
+            let mut ws = s.watch();
+            send(&ws);
+            ws.close_send();
+            let step = format!("{what}, then half-close: the call goes on");
+            s.quiet(&mut ws, SILENCE, &step).await;
+        }
+
+        // A Go server sends a stream's headers with its first message, and tonic's
+        // client times out waiting for them, so the deadline is seen only on a stream
+        // that has answered something.
+        let mut ws = s.watch_with_deadline(Duration::from_secs(3));
+        ws.create(key(b"a"));
+        s.recv(&mut ws, "created, on a call with a deadline").await;
+        ws.close_send();
+        let outcome = ws.recv(Duration::from_secs(20)).await;
+        s.note(
+            "half-closed: the call ends at its deadline",
+            outcome.map_or_else(|e| e, |r| common::show_watch_response(&r)),
+        );
+    })
+    .await;
+}
+
+/// A codec that sends its messages' bytes as they are, to put undecodable bytes on a
+/// Watch stream, and decodes WatchResponses.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = cetera::proto::etcdserverpb::WatchResponse;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = cetera::proto::etcdserverpb::WatchResponse;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Self::Item>, tonic::Status> {
+        prost::Message::decode(src)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+/// Sends `payload` as the only message of a Watch stream, keeping the sending side open,
+/// and describes how the call ends.
+async fn send_raw(channel: tonic::transport::Channel, payload: Vec<u8>) -> String {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("channel ready");
+    let requests = tokio_stream::iter([payload]).chain(tokio_stream::pending());
+    let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Watch/Watch");
+    let call = grpc.streaming(tonic::Request::new(requests), path, RawCodec);
+    let ended = |status: tonic::Status| format!("ERR {:?}: {}", status.code(), status.message());
+    match tokio::time::timeout(Duration::from_secs(10), async {
+        let mut responses = call.await?.into_inner();
+        let mut seen = Vec::new();
+        while let Some(response) = responses.message().await? {
+            seen.push(common::show_watch_response(&response));
+        }
+        Ok::<_, tonic::Status>(format!("ended OK after [{}]", seen.join("; ")))
+    })
+    .await
+    {
+        Ok(Ok(text)) => text,
+        Ok(Err(status)) => ended(status),
+        Err(_) => "still open after 10s".to_string(),
+    }
+}
+
+/// Undecodable bytes on a Watch stream end the call with INTERNAL and gRPC's unmarshal
+/// message, which quotes the protobuf decoder's error; an oversized message, with
+/// RESOURCE_EXHAUSTED.
+#[tokio::test]
+async fn undecodable_request() {
+    differential(&[], &[], async |s: &mut Side| {
+        let payloads: [(&str, &[u8]); 7] = [
+            ("a truncated tag", &[0xff]),
+            ("a field longer than the message", &[0x0a, 0x05, 0x01]),
+            ("field 0", &[0x00, 0x01]),
+            ("an end-group tag", &[0x0c]),
+            ("wire type 7", &[0x0f]),
+            ("a bad field inside the create", &[0x0a, 0x02, 0x08, 0x01]),
+            ("a message over the size limit", &[0x0a; 3 << 20]),
+        ];
+        for (what, payload) in payloads {
+            let outcome = send_raw(s.channel.clone(), payload.to_vec()).await;
+            s.note(what, outcome);
+        }
     })
     .await;
 }

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod election;
+mod go_decode;
 pub mod kv;
 pub mod lease;
 pub mod lock;
@@ -109,6 +110,31 @@ pub mod errors {
     /// A write request over --max-request-bytes.
     pub fn request_too_large() -> Status {
         Status::new(Code::InvalidArgument, "etcdserver: request is too large")
+    }
+
+    /// grpc-go's (so etcd's) ResourceExhausted text for a message over the
+    /// gRPC size limit, from tonic's `message` for it; `None` for other messages.
+    pub fn message_too_large(message: &str) -> Option<String> {
+        const TONIC_PREFIX: &str = "Error, decoded message length too large: found ";
+        let numbers: Vec<&str> = message
+            .strip_prefix(TONIC_PREFIX)?
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let [found, limit] = numbers[..] else {
+            return None;
+        };
+        Some(format!(
+            "grpc: received message larger than max ({found} vs. {limit})"
+        ))
+    }
+
+    /// `status` with tonic's error for an oversized message replaced by etcd's.
+    pub fn etcd_transport_error(status: Status) -> Status {
+        match message_too_large(status.message()) {
+            Some(text) => Status::new(Code::ResourceExhausted, text),
+            None => status,
+        }
     }
 }
 

@@ -1,21 +1,33 @@
 //! The Watch service: each stream gets a `WatchSession` on its own task; this
-//! layer only moves requests in and responses out, completing their headers.
+//! layer only moves requests in and responses out, completing their headers,
+//! and ends the call at its deadline. It is routed by hand rather than by the
+//! generated `WatchServer`, to decode requests with [`WatchCodec`].
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use bytes::Buf;
+use prost::Message;
 use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
+use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::metadata::MetadataMap;
+use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
+use super::go_decode::watch_request_error;
 use crate::backend::Backend;
 use crate::metrics::{GaugeGuard, metrics};
-use crate::proto::etcdserverpb::watch_server::Watch;
 use crate::proto::etcdserverpb::{WatchRequest, WatchResponse};
 use crate::store::Store;
-use crate::watch::session::{SessionOptions, WatchSession};
+use crate::watch::session::{Outbound, SessionOptions, WatchSession};
 
 /// Responses a stream may have waiting for a slow client before its session pauses.
 const OUTBOUND_RESPONSES: usize = 128;
@@ -47,17 +59,22 @@ impl<B: Backend> WatchService<B> {
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl<B: Backend> Watch for WatchService<B> {
-    type WatchStream = ResponseStream;
+impl<B: Backend> WatchService<B> {
+    /// The service as a route of the gRPC server, taking requests of up to
+    /// `max_message` bytes.
+    pub fn into_route(self, max_message: usize) -> WatchRoute<B> {
+        WatchRoute {
+            service: Arc::new(self),
+            max_message,
+        }
+    }
 
     async fn watch(
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
         let (metadata, _, requests) = request.into_parts();
-        // A broken request stream ends the session like a closed one.
-        let requests = requests.map_while(Result::ok);
+        let deadline = grpc_timeout(&metadata).map(|timeout| Instant::now() + timeout);
         let (out, responses) = mpsc::channel(OUTBOUND_RESPONSES);
         let auth = self.info.auth.clone();
         let session =
@@ -65,18 +82,193 @@ impl<B: Backend> Watch for WatchService<B> {
                 move |key, range_end| auth.watch_refusal(&auth.caller(&metadata), key, range_end),
             ));
         let stream_counted = GaugeGuard::new(&metrics().watch_streams);
-        let run = session.run(Box::pin(requests), self.stop.clone());
+        // A request that fails to arrive ends the call, with etcd's error.
+        let requests = requests.map(|request| request.map_err(super::errors::etcd_transport_error));
+        let run = session.run(requests, self.stop.clone());
         tokio::spawn(async move {
             run.await;
             drop(stream_counted);
         });
 
         let info = self.info.clone();
-        let responses = ReceiverStream::new(responses).map(move |mut response| {
-            let revision = response.header.as_ref().map_or(0, |h| h.revision);
-            info.fill(&mut response.header, revision);
-            Ok(response)
+        let responses = ReceiverStream::new(responses).map(move |outbound| {
+            outbound.map(|mut response| {
+                let revision = response.header.as_ref().map_or(0, |h| h.revision);
+                info.fill(&mut response.header, revision);
+                response
+            })
         });
-        Ok(Response::new(Box::pin(responses)))
+        Ok(Response::new(Box::pin(UntilDeadline {
+            inner: responses,
+            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            expired: false,
+        })))
+    }
+}
+
+/// The client's deadline for the call, from its `grpc-timeout` header
+/// (digits, then a unit: H, M, S, m, u or n).
+fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// Passes `inner` on until the call's deadline, then ends the call with
+/// the error etcd's Go server sends for it (the context's error, as Unknown).
+struct UntilDeadline<S> {
+    inner: S,
+    deadline: Option<Pin<Box<Sleep>>>,
+    expired: bool,
+}
+
+impl<S: Stream<Item = Outbound> + Unpin> Stream for UntilDeadline<S> {
+    type Item = Outbound;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Outbound>> {
+        if self.expired {
+            return Poll::Ready(None);
+        }
+        if let Some(deadline) = self.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            self.expired = true;
+            return Poll::Ready(Some(Err(Status::unknown("context deadline exceeded"))));
+        }
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+}
+
+/// The Watch service's codec: prost's, except that an undecodable request
+/// gets the error etcd sends for it.
+#[derive(Clone, Copy, Default)]
+pub struct WatchCodec;
+
+impl Codec for WatchCodec {
+    type Encode = WatchResponse;
+    type Decode = WatchRequest;
+    type Encoder = tonic_prost::ProstEncoder<WatchResponse>;
+    type Decoder = WatchCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        WatchCodec
+    }
+}
+
+impl Decoder for WatchCodec {
+    type Item = WatchRequest;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<WatchRequest>, Status> {
+        let bytes = buf.copy_to_bytes(buf.remaining());
+        WatchRequest::decode(bytes.clone())
+            .map(Some)
+            .map_err(|error| {
+                // gRPC-Go's wording, around the Go decoder's error.
+                let reason = watch_request_error(&bytes).unwrap_or_else(|| error.to_string());
+                Status::internal(format!(
+                    "grpc: failed to unmarshal the received message {reason}"
+                ))
+            })
+    }
+}
+
+/// The gRPC path of the Watch call.
+const WATCH_PATH: &str = "/etcdserverpb.Watch/Watch";
+
+/// The Watch service routed as the generated `WatchServer` would, with
+/// [`WatchCodec`].
+pub struct WatchRoute<B: Backend> {
+    service: Arc<WatchService<B>>,
+    max_message: usize,
+}
+
+impl<B: Backend> Clone for WatchRoute<B> {
+    fn clone(&self) -> Self {
+        WatchRoute {
+            service: self.service.clone(),
+            max_message: self.max_message,
+        }
+    }
+}
+
+impl<B: Backend> NamedService for WatchRoute<B> {
+    const NAME: &'static str = crate::proto::etcdserverpb::watch_server::SERVICE_NAME;
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<B: Backend> tower::Service<http::Request<tonic::body::Body>> for WatchRoute<B> {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() != WATCH_PATH {
+            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
+        }
+        let method = WatchMethod(self.service.clone());
+        let max_message = self.max_message;
+        Box::pin(async move {
+            let mut grpc =
+                Grpc::new(WatchCodec).apply_max_message_size_config(Some(max_message), None);
+            Ok(grpc.streaming(method, request).await)
+        })
+    }
+}
+
+/// The Watch call, as tonic's server runs it.
+struct WatchMethod<B: Backend>(Arc<WatchService<B>>);
+
+impl<B: Backend> StreamingService<WatchRequest> for WatchMethod<B> {
+    type Response = WatchResponse;
+    type ResponseStream = ResponseStream;
+    type Future = BoxFuture<Result<Response<ResponseStream>, Status>>;
+
+    fn call(&mut self, request: Request<Streaming<WatchRequest>>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.watch(request).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout(value: &str) -> Option<Duration> {
+        let mut metadata = MetadataMap::new();
+        metadata.insert("grpc-timeout", value.parse().unwrap());
+        grpc_timeout(&metadata)
+    }
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(timeout("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(timeout("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(timeout("9n"), Some(Duration::from_nanos(9)));
+        assert_eq!(timeout("5"), None);
+        assert_eq!(timeout("S"), None);
+        assert_eq!(timeout("5x"), None);
+        assert_eq!(grpc_timeout(&MetadataMap::new()), None);
     }
 }

@@ -21,6 +21,24 @@ use std::future::Future;
 use self::changes::ChangeFeed;
 use crate::proto::mvccpb::KeyValue;
 
+/// How startup connection retries report the time they took: "gave up after 30.1s".
+pub(crate) fn gave_up_after_text(elapsed: std::time::Duration) -> String {
+    format!("gave up after {:.1}s", elapsed.as_secs_f64())
+}
+
+/// The seconds a "gave up after N s" (or "N ms") in `message` names.
+#[cfg(test)]
+pub(crate) fn gave_up_after(message: &str) -> Option<f64> {
+    let rest = message.split("gave up after ").nth(1)?;
+    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let number: f64 = rest[..end].parse().ok()?;
+    match &rest[end..] {
+        unit if unit.starts_with("ms") => Some(number / 1000.0),
+        unit if unit.starts_with('s') => Some(number),
+        _ => None,
+    }
+}
+
 /// Errors from the database itself; the store reports them as internal
 /// errors, or as [`Unavailable`] when that is in their chain.
 pub type BackendError = anyhow::Error;

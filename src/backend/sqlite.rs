@@ -104,7 +104,7 @@ impl Sqlite {
         Ok(())
     }
 
-    /// Opens a snapshot file (see `crate::snapshot`) for reading without
+    /// Opens a snapshot file (see `crate::backend::snapshot`) for reading without
     /// changing it: immutable, so SQLite takes no locks and writes no journal,
     /// and bytes after the database (the checksum trailer) are ignored.
     /// Refuses a file whose schema is newer than this build's.

@@ -3,7 +3,7 @@
 //! store always knows exactly which entries it holds and a restart replays
 //! none twice. Because the store is durable, it is its own snapshot: building
 //! one only records the mark, and a member that needs one gets a consistent
-//! copy of the database (`crate::snapshot`), taken when it is sent.
+//! copy of the database (`crate::backend::snapshot`), taken when it is sent.
 
 use std::io::Cursor;
 use std::path::PathBuf;

@@ -30,7 +30,6 @@ use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
 use crate::proto::etcdserverpb::lease_server::LeaseServer;
 use crate::proto::etcdserverpb::maintenance_server::MaintenanceServer;
-use crate::proto::etcdserverpb::watch_server::WatchServer;
 use crate::proto::v3electionpb::election_server::ElectionServer;
 use crate::proto::v3lockpb::lock_server::LockServer;
 use crate::raft::{Cluster, ClusterOptions, JoinMode, Member, PeerTls};
@@ -54,7 +53,6 @@ fn client_connections(
 /// ResourceExhausted "grpc: received message larger than max (N vs. M)"
 /// instead of tonic's OutOfRange and wording.
 fn etcd_message_size_error<B>(mut response: http::Response<B>) -> http::Response<B> {
-    const TONIC_PREFIX: &str = "Error, decoded message length too large: found ";
     let headers = response.headers_mut();
     let Some(message) = headers.get("grpc-message").map(|m| {
         percent_encoding::percent_decode(m.as_bytes())
@@ -63,19 +61,11 @@ fn etcd_message_size_error<B>(mut response: http::Response<B>) -> http::Response
     }) else {
         return response;
     };
-    let Some(message) = message.strip_prefix(TONIC_PREFIX) else {
-        return response;
-    };
-    let numbers: Vec<&str> = message
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|n| !n.is_empty())
-        .collect();
-    if let [found, limit] = numbers[..] {
-        let text = format!("grpc: received message larger than max ({found} vs. {limit})");
-        if let Ok(value) = http::HeaderValue::from_str(&text) {
-            headers.insert("grpc-message", value);
-            headers.insert("grpc-status", http::HeaderValue::from_static("8"));
-        }
+    if let Some(text) = crate::api::errors::message_too_large(&message)
+        && let Ok(value) = http::HeaderValue::from_str(&text)
+    {
+        headers.insert("grpc-message", value);
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
     }
     response
 }
@@ -268,13 +258,13 @@ async fn serve<B: Backend>(
                 .max_decoding_message_size(max_message),
         )
         .add_service(
-            WatchServer::new(WatchService::new(
+            WatchService::new(
                 store.clone(),
                 info.clone(),
                 watch_options,
                 stop_streams.clone(),
-            ))
-            .max_decoding_message_size(max_message),
+            )
+            .into_route(max_message),
         )
         .add_service(
             LeaseServer::new(LeaseService::new(store.clone(), info.clone()))

@@ -354,7 +354,7 @@ impl<B: Backend> Store<B> {
     }
 
     /// Writes a snapshot database of one consistent view of the store to
-    /// `path` (see `crate::snapshot`).
+    /// `path` (see `crate::backend::snapshot`).
     pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
         crate::backend::snapshot::write_database(&*self.backend, path).await
     }

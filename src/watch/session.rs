@@ -15,6 +15,7 @@ use std::time::Duration;
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
 
 use crate::backend::{Backend, KeyRange};
 use crate::metrics::{GaugeGuard, metrics};
@@ -86,10 +87,13 @@ impl Watcher {
 /// The client went away; the session ends.
 struct Closed;
 
+/// What a session writes: responses, and last the error that ended the stream, if one did.
+pub type Outbound = Result<WatchResponse, Status>;
+
 /// The watchers of one Watch stream.
 pub struct WatchSession<B: Backend> {
     store: Arc<Store<B>>,
-    out: mpsc::Sender<WatchResponse>,
+    out: mpsc::Sender<Outbound>,
     options: SessionOptions,
     latest: watch::Receiver<i64>,
     watchers: BTreeMap<i64, Watcher>,
@@ -103,11 +107,7 @@ pub type CreateCheck = Box<dyn Fn(&[u8], &[u8]) -> Option<String> + Send + Sync>
 
 impl<B: Backend> WatchSession<B> {
     /// A session that writes its responses to `out`.
-    pub fn new(
-        store: Arc<Store<B>>,
-        out: mpsc::Sender<WatchResponse>,
-        options: SessionOptions,
-    ) -> Self {
+    pub fn new(store: Arc<Store<B>>, out: mpsc::Sender<Outbound>, options: SessionOptions) -> Self {
         let latest = store.hub().subscribe();
         WatchSession {
             store,
@@ -126,21 +126,32 @@ impl<B: Backend> WatchSession<B> {
         self
     }
 
-    /// Serves `requests` until the client closes its side or stops reading,
-    /// or `stop` changes (server shutdown).
+    /// Serves `requests` until the client goes away (the response stream is
+    /// dropped), a request fails to arrive (its error ends the stream), or
+    /// `stop` changes (server shutdown). A client that closes its sending
+    /// side keeps its watchers, as in etcd.
     pub async fn run(
         mut self,
-        mut requests: impl Stream<Item = WatchRequest> + Unpin,
+        mut requests: impl Stream<Item = Result<WatchRequest, Status>> + Unpin,
         mut stop: watch::Receiver<bool>,
     ) {
         let start = tokio::time::Instant::now() + self.options.progress_interval;
         let mut progress = tokio::time::interval_at(start, self.options.progress_interval);
+        let mut sending = true;
         loop {
             let step = tokio::select! {
-                request = requests.next() => match request {
-                    Some(request) => self.handle(request).await,
-                    None => return,
+                request = requests.next(), if sending => match request {
+                    Some(Ok(request)) => self.handle(request).await,
+                    Some(Err(status)) => {
+                        let _ = self.out.send(Err(status)).await;
+                        return;
+                    }
+                    None => {
+                        sending = false;
+                        Ok(())
+                    }
                 },
+                _ = self.out.closed() => return,
                 changed = self.latest.changed() => match changed {
                     Ok(()) => self.deliver().await.map(|_| ()),
                     Err(_) => return,
@@ -385,7 +396,7 @@ impl<B: Backend> WatchSession<B> {
     }
 
     async fn send(&self, response: WatchResponse) -> Result<(), Closed> {
-        self.out.send(response).await.map_err(|_| Closed)
+        self.out.send(Ok(response)).await.map_err(|_| Closed)
     }
 }
 

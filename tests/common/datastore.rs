@@ -25,14 +25,20 @@ pub fn test_backend() -> TestBackend {
     }
 }
 
+/// The PostgreSQL server the tests use unless CETERA_TEST_POSTGRES_URL names another
+/// (docker-compose.yml's serves it).
+pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// The MySQL/MariaDB server the tests use unless CETERA_TEST_MYSQL_URL names another
+/// (docker-compose.yml's serves it).
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306";
+
 fn postgres_base() -> String {
-    std::env::var("CETERA_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_string())
+    std::env::var("CETERA_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_string())
 }
 
 fn mysql_base() -> String {
-    std::env::var("CETERA_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_string())
+    std::env::var("CETERA_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
 }
 
 /// A database for one server; cetera creates it on first start, and it is

@@ -705,9 +705,19 @@ pub async fn channel(endpoint: &str) -> tonic::transport::Channel {
 /// and tonic's `watch()` waits for those headers, so the call runs in a task of its own:
 /// requests can be queued before the server has answered anything. Responses pass through
 /// a small bounded channel, so a test that stops reading still pushes back on the server.
+/// Dropping a `WatchStream` cancels the call (RST_STREAM), as a Go client's cancel does.
 pub struct WatchStream {
-    requests: tokio::sync::mpsc::UnboundedSender<cetera::proto::etcdserverpb::WatchRequest>,
+    /// `None` once the client has half-closed its side.
+    requests: Option<tokio::sync::mpsc::UnboundedSender<cetera::proto::etcdserverpb::WatchRequest>>,
     responses: tokio::sync::mpsc::Receiver<Result<WatchResponse, tonic::Status>>,
+    call: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        // Dropping the call's response stream resets the HTTP/2 stream.
+        self.call.abort();
+    }
 }
 
 use cetera::proto::etcdserverpb::{
@@ -723,21 +733,30 @@ impl WatchStream {
         } else {
             Vec::new()
         };
-        WatchStream::open_with_metadata(channel, metadata)
+        WatchStream::open_with_metadata(channel, metadata, None)
+    }
+
+    /// Opens a stream whose call has a deadline (the `grpc-timeout` header).
+    pub fn open_with_deadline(
+        channel: tonic::transport::Channel,
+        deadline: Duration,
+    ) -> WatchStream {
+        WatchStream::open_with_metadata(channel, Vec::new(), Some(deadline))
     }
 
     /// Opens a stream that carries an auth token (the `token` metadata).
     pub fn open_with_token(channel: tonic::transport::Channel, token: &str) -> WatchStream {
-        WatchStream::open_with_metadata(channel, vec![("token", token.to_string())])
+        WatchStream::open_with_metadata(channel, vec![("token", token.to_string())], None)
     }
 
     fn open_with_metadata(
         channel: tonic::transport::Channel,
         metadata: Vec<(&'static str, String)>,
+        deadline: Option<Duration>,
     ) -> WatchStream {
         let (requests, rx) = tokio::sync::mpsc::unbounded_channel();
         let (tx, responses) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
+        let call = tokio::spawn(async move {
             // Like etcd's Go client (MaxCallRecvMsgSize = MaxInt32): a catching-up
             // watcher's batch can exceed tonic's 4 MiB default.
             let mut client = cetera::proto::etcdserverpb::watch_client::WatchClient::new(channel)
@@ -748,6 +767,9 @@ impl WatchStream {
                 request
                     .metadata_mut()
                     .insert(name, value.parse().expect("ascii metadata"));
+            }
+            if let Some(deadline) = deadline {
+                request.set_timeout(deadline);
             }
             let mut stream = match client.watch(request).await {
                 Ok(response) => response.into_inner(),
@@ -769,23 +791,34 @@ impl WatchStream {
             }
         });
         WatchStream {
-            requests,
+            requests: Some(requests),
             responses,
+            call,
         }
     }
 
     fn send(&self, request: RequestUnion) {
-        // A closed request channel means the stream ended; `recv` reports why.
-        let _ = self.requests.send(WatchRequest {
+        self.send_request(WatchRequest {
             request_union: Some(request),
         });
     }
 
+    fn send_request(&self, request: WatchRequest) {
+        let requests = self.requests.as_ref().expect("send after close_send");
+        // A closed request channel means the stream ended; `recv` reports why.
+        let _ = requests.send(request);
+    }
+
     /// Sends a WatchRequest with no request in it.
     pub fn send_empty(&self) {
-        let _ = self.requests.send(WatchRequest {
+        self.send_request(WatchRequest {
             request_union: None,
         });
+    }
+
+    /// Half-closes the stream: the client sends nothing more but goes on reading.
+    pub fn close_send(&mut self) {
+        self.requests = None;
     }
 
     /// Sends a WatchCreateRequest.
@@ -977,6 +1010,11 @@ impl Side {
     /// Opens a Watch stream.
     pub fn watch(&self) -> WatchStream {
         WatchStream::open(self.channel.clone(), false)
+    }
+
+    /// Opens a Watch stream whose call has a deadline.
+    pub fn watch_with_deadline(&self, deadline: Duration) -> WatchStream {
+        WatchStream::open_with_deadline(self.channel.clone(), deadline)
     }
 
     /// Puts `key=value`, records the revision (or error) and returns the revision.

@@ -124,7 +124,7 @@ impl Watchers {
 /// Reads one stream until every watcher on it has seen the target revision.
 async fn read(
     mut responses: tonic::Streaming<cetera_proto::etcdserverpb::WatchResponse>,
-    // Dropping the request side would end the stream: keep it until done.
+    // Held until done, as a Go client holds its request side open.
     _requests: mpsc::Sender<WatchRequest>,
     ids: Vec<i64>,
     mut target: watch::Receiver<i64>,

@@ -51,14 +51,17 @@ pub(super) async fn connect_server(
             Ok(Err(error)) => db_error(error),
             Err(_) => anyhow!("no answer within {CONNECT_TIMEOUT:?}"),
         };
-        if started.elapsed() + delay > retry_for {
+        let elapsed = started.elapsed();
+        if elapsed >= retry_for {
             return Err(error.context(format!(
-                "cannot connect to MySQL at {where_} (gave up after {:.0?})",
-                started.elapsed()
+                "cannot connect to MySQL at {where_} ({})",
+                crate::backend::gave_up_after_text(elapsed)
             )));
         }
-        tracing::warn!("cannot connect to MySQL at {where_}, retrying in {delay:?}: {error:#}");
-        tokio::time::sleep(delay).await;
+        // The last wait is cut short so that one more attempt falls at the deadline.
+        let delay_now = delay.min(retry_for - elapsed);
+        tracing::warn!("cannot connect to MySQL at {where_}, retrying in {delay_now:?}: {error:#}");
+        tokio::time::sleep(delay_now).await;
         delay = (delay * 2).min(Duration::from_secs(4));
     }
 }

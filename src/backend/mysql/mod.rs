@@ -262,19 +262,29 @@ impl Backend for Mysql {
         let _ = conn
             .query_drop("SET SESSION information_schema_stats_expiry = 0")
             .await;
-        let rows: Vec<(i64,)> = select(
+        // data_free is the free space of a table's own tablespace (file per
+        // table, the default): allocated on disk, holding nothing. InnoDB
+        // refreshes these statistics in the background, so they lag writes.
+        let rows: Vec<(i64, i64)> = select(
             &mut conn,
-            "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
+            "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(data_free), 0) AS SIGNED) \
              FROM information_schema.TABLES WHERE table_schema = ?",
             (self.database.as_str(),),
         )
         .await?;
-        // InnoDB reports no free space inside the pages it uses, so all of it counts as in use.
-        let total = rows.first().map_or(0, |r| r.0);
+        let (in_use, free) = rows.first().copied().unwrap_or_default();
         Ok(DatabaseSize {
-            total,
-            in_use: total,
+            total: in_use + free,
+            in_use,
         })
+    }
+
+    /// The tables' data and indexes, as before free space was reported:
+    /// InnoDB keeps a few MiB free per table, which a small quota would
+    /// not fit.
+    fn quota_bytes(&self, size: &DatabaseSize) -> i64 {
+        size.in_use
     }
 
     /// OPTIMIZE TABLE: InnoDB rebuilds each table (online, as ALTER TABLE
@@ -456,6 +466,27 @@ mod tests {
         let message = format!("{error:#}");
         assert!(message.contains("127.0.0.1:1"), "{message}");
         assert!(message.contains("gave up"), "{message}");
+    }
+
+    /// The retries last the whole patience, and the error says how long they took.
+    #[tokio::test]
+    async fn retries_last_their_patience_and_say_how_long() {
+        let patience = Duration::from_millis(1300);
+        let started = std::time::Instant::now();
+        let error = Mysql::connect_within(
+            "mysql://root@127.0.0.1:1/db",
+            &DatastoreTls::default(),
+            patience,
+        )
+        .await
+        .err()
+        .expect("no server");
+        let took = started.elapsed();
+        assert!(took >= patience, "gave up after {took:?}");
+        let message = format!("{error:#}");
+        let reported = crate::backend::gave_up_after(&message).expect(&message);
+        assert!(reported >= patience.as_secs_f64(), "{message}");
+        assert!(reported <= took.as_secs_f64() + 0.05, "{message}");
     }
 
     #[tokio::test]

@@ -134,7 +134,8 @@ impl Connector {
     /// The first connection: waits up to `patience` for the server to
     /// accept connections and creates the database if it does not exist.
     pub(super) async fn connect_at_startup(&self, patience: Duration) -> anyhow::Result<Client> {
-        let deadline = Instant::now() + patience;
+        let started = Instant::now();
+        let deadline = started + patience;
         let mut delay = Duration::from_millis(250);
         let mut created = false;
         loop {
@@ -154,20 +155,23 @@ impl Connector {
                     describe(&error)
                 );
             }
-            if Instant::now() + delay > deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 bail!(
-                    "cannot connect to {} (gave up after {}s): {}",
+                    "cannot connect to {} ({}): {}",
                     self.describe(),
-                    patience.as_secs(),
+                    crate::backend::gave_up_after_text(started.elapsed()),
                     describe(&error)
                 );
             }
+            // The last wait is cut short so that one more attempt falls at the deadline.
+            let delay_now = delay.min(deadline - now);
             tracing::warn!(
-                "cannot connect to {}, retrying in {delay:?}: {}",
+                "cannot connect to {}, retrying in {delay_now:?}: {}",
                 self.describe(),
                 describe(&error)
             );
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(delay_now).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
     }

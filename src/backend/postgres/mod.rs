@@ -601,6 +601,27 @@ mod tests {
         assert!(!message.contains("secret"), "{message}");
     }
 
+    /// The retries last the whole patience, and the error says how long they took.
+    #[tokio::test]
+    async fn retries_last_their_patience_and_say_how_long() {
+        let patience = Duration::from_millis(1300);
+        let started = Instant::now();
+        let error = Postgres::connect_within(
+            "postgres://someone@127.0.0.1:1/mydb",
+            &DatastoreTls::default(),
+            patience,
+        )
+        .await
+        .err()
+        .expect("nothing listens on port 1");
+        let took = started.elapsed();
+        assert!(took >= patience, "gave up after {took:?}");
+        let message = format!("{error:#}");
+        let reported = crate::backend::gave_up_after(&message).expect(&message);
+        assert!(reported >= patience.as_secs_f64(), "{message}");
+        assert!(reported <= took.as_secs_f64() + 0.05, "{message}");
+    }
+
     /// Whether `backend`'s pooled connections use TLS.
     async fn encrypted(backend: &Postgres) -> bool {
         let client = backend.pooled().await.unwrap();
