@@ -138,7 +138,7 @@ impl Mysql {
         })
     }
 
-    /// Sets how often [`Backend::changed`] resolves (default 100 ms).
+    /// Sets how often a [`ChangeFeed`] of this backend wakes (default 100 ms).
     pub fn set_poll_interval(&mut self, interval: Duration) {
         self.poll_interval = interval;
     }

@@ -6,7 +6,7 @@
 //! several cetera instances can share one database, and their writes take
 //! dense revisions one at a time, in commit order. Each commit that moves the
 //! counters sends a NOTIFY on channel `cetera`; a dedicated LISTEN connection
-//! turns those into [`Backend::changed`] wake-ups. Jobs that must run on one
+//! turns those into [`Backend::change_feed`] wake-ups. Jobs that must run on one
 //! instance at a time hold session-level advisory locks on another dedicated
 //! connection ([`Backend::hold_lock`]).
 //!
