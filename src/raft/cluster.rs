@@ -23,7 +23,6 @@ use super::proposal::{Command, Proposal, Waiters};
 use super::state_machine::StateMachine;
 use super::{Member, Raft};
 use crate::backend::Backend;
-use crate::backend::WriteTxn;
 use crate::proto::ceterapb::peer_server::PeerServer;
 use crate::store::writer::{WriteRequest, WriteResponse};
 use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
@@ -174,7 +173,7 @@ impl Cluster {
         // two), and a snapshot makes the store durable before the log is
         // purged. After a power loss the store may be behind its log; Raft
         // applies the rest again, exactly once thanks to the marks.
-        store.database().defer_durability().await?;
+        store.replica().defer_durability().await?;
         let waiters = Arc::new(Waiters::default());
         let state_machine =
             StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());
@@ -266,13 +265,7 @@ impl Cluster {
                     cluster
                         .cluster_id
                         .store(joined.cluster_id, Ordering::Relaxed);
-                    let mut txn = store.database().write().await?;
-                    txn.set_setting(
-                        crate::backend::settings::CLUSTER_ID,
-                        joined.cluster_id as i64,
-                    )
-                    .await?;
-                    txn.commit().await?;
+                    store.replica().adopt_cluster_id(joined.cluster_id).await?;
                     tracing::info!(member_id = format_args!("{id:x}"), "joined the cluster");
                 }
             }

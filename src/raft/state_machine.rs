@@ -14,8 +14,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, St
 
 use super::proposal::{Mark, Waiters};
 use super::{LogId, StorageError, StoredMembership, TypeConfig, any_error};
-use crate::backend::sqlite::Sqlite;
-use crate::backend::{Backend, ReadTxn, WriteTxn};
+use crate::backend::Backend;
 use crate::store::writer::{WriteRequest, WriteResponse};
 use crate::store::{Identity, LocalWriter, Store, StoreError};
 
@@ -52,8 +51,7 @@ impl<B: Backend> StateMachine<B> {
     }
 
     async fn mark(&self) -> anyhow::Result<Mark> {
-        let mut txn = self.store.database().read().await?;
-        match txn.replication_mark().await? {
+        match self.store.replica().mark().await? {
             Some(bytes) => Mark::decode(&bytes),
             None => Ok(Mark::default()),
         }
@@ -63,13 +61,9 @@ impl<B: Backend> StateMachine<B> {
     async fn copy(&self) -> anyhow::Result<(Vec<u8>, Mark)> {
         std::fs::create_dir_all(&self.scratch)?;
         let file = tempfile::NamedTempFile::new_in(&self.scratch)?;
-        crate::backend::snapshot::write_database(self.store.database(), file.path()).await?;
-        let mark = {
-            let mut copy = Sqlite::read_snapshot_file(file.path())?;
-            match copy.replication_mark().await? {
-                Some(bytes) => Mark::decode(&bytes)?,
-                None => Mark::default(),
-            }
+        let mark = match self.store.replica().copy_to(file.path()).await? {
+            Some(bytes) => Mark::decode(&bytes)?,
+            None => Mark::default(),
         };
         Ok((std::fs::read(file.path())?, mark))
     }
@@ -79,32 +73,10 @@ impl<B: Backend> StateMachine<B> {
         std::fs::create_dir_all(&self.scratch)?;
         let file = tempfile::NamedTempFile::new_in(&self.scratch)?;
         std::fs::write(file.path(), data)?;
-        let mut source = Sqlite::read_snapshot_file(file.path())?;
-        let mut target = self.store.database().write().await?;
-        crate::backend::snapshot::empty_target(&mut target, true).await?;
-        crate::backend::snapshot::copy(
-            &mut source,
-            &mut target,
-            crate::backend::snapshot::Purpose::Snapshot,
-            &mut |_| {},
-        )
-        .await?;
-        // The copy brought the sender's ids; this member keeps its own.
-        target
-            .set_setting(
-                crate::backend::settings::CLUSTER_ID,
-                identity.cluster_id as i64,
-            )
-            .await?;
-        target
-            .set_setting(
-                crate::backend::settings::MEMBER_ID,
-                identity.member_id as i64,
-            )
-            .await?;
-        target.set_replication_mark(&mark.encode()).await?;
-        target.commit().await?;
-        self.store.reload().await
+        self.store
+            .replica()
+            .install(file.path(), &mark.encode(), identity)
+            .await
     }
 }
 
@@ -135,17 +107,15 @@ pub struct SnapshotBuilder<B: Backend> {
 
 impl<B: Backend> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<B> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let mut txn = self.store.database().read().await.map_err(sm_read_error)?;
-        let mark = match txn.replication_mark().await.map_err(sm_read_error)? {
+        let mark = match self.store.replica().mark().await.map_err(sm_read_error)? {
             Some(bytes) => Mark::decode(&bytes).map_err(sm_read_error)?,
             None => Mark::default(),
         };
-        drop(txn);
         // The store commits without syncing (see Cluster::start); openraft
         // purges the log up to a snapshot, so what the mark covers must be
         // on disk first.
         self.store
-            .database()
+            .replica()
             .make_durable()
             .await
             .map_err(sm_write_error)?;
@@ -236,7 +206,7 @@ impl<B: Backend> RaftStateMachine<TypeConfig> for StateMachine<B> {
             .map_err(sm_write_error)?;
         // openraft purges the log the snapshot covers: the store must keep it.
         self.store
-            .database()
+            .replica()
             .make_durable()
             .await
             .map_err(sm_write_error)?;

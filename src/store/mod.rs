@@ -16,6 +16,7 @@ mod history;
 pub mod hub;
 mod publisher;
 pub mod range;
+mod replica;
 mod settings;
 pub mod writer;
 
