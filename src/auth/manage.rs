@@ -13,10 +13,10 @@ use tonic::{Code, Status};
 
 use super::perms::is_valid_permission_range;
 use super::{Auth, AuthState, Caller, ROOT_ROLE, ROOT_USER};
-use crate::backend::{AuthKind, Backend, ReadTxn};
+use crate::backend::{AuthKind, Backend};
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
 use crate::store::writer::AuthWrite;
-use crate::store::{Store, StoreError, read_auth_flags};
+use crate::store::{Store, StoreError};
 
 /// Times a change is computed again when the state moved meanwhile.
 const CHANGE_ATTEMPTS: usize = 5;
@@ -118,23 +118,17 @@ fn decode_records<M: Message + Default>(
         .collect()
 }
 
-async fn read_state<T: ReadTxn>(txn: &mut T) -> anyhow::Result<AuthState> {
-    let (enabled, revision) = read_auth_flags(txn).await?;
-    let users = decode_records(txn.auth_records(AuthKind::User).await?)?;
-    let roles = decode_records(txn.auth_records(AuthKind::Role).await?)?;
-    Ok(AuthState::new(enabled, revision, users, roles))
-}
-
 /// Reads the whole auth state.
-pub(super) async fn load_state<B: Backend>(backend: &B) -> anyhow::Result<AuthState> {
-    let mut txn = backend.read().await?;
-    read_state(&mut txn).await
-}
-
-/// Reads only the enabled flag and the revision: the cheap freshness check.
-pub(super) async fn load_flags<B: Backend>(backend: &B) -> anyhow::Result<(bool, u64)> {
-    let mut txn = backend.read().await?;
-    read_auth_flags(&mut txn).await
+pub(super) async fn load_state<B: Backend>(store: &Store<B>) -> anyhow::Result<AuthState> {
+    let records = store.auth_records().await?;
+    let users = decode_records(records.users)?;
+    let roles = decode_records(records.roles)?;
+    Ok(AuthState::new(
+        records.enabled,
+        records.revision,
+        users,
+        roles,
+    ))
 }
 
 /// The records a change works on.
@@ -177,7 +171,7 @@ impl Auth {
     ) -> Result<(), Status> {
         let _changing = self.changing.lock().await;
         for _ in 0..CHANGE_ATTEMPTS {
-            let before = load_state(store.database()).await.map_err(database_error)?;
+            let before = load_state(store).await.map_err(database_error)?;
             let mut records = Records {
                 enabled: before.enabled,
                 users: before.users.clone(),

@@ -180,9 +180,9 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    /// Loads the auth state from `backend`.
-    pub async fn open<B: Backend>(backend: &B, options: AuthOptions) -> anyhow::Result<Self> {
-        let state = manage::load_state(backend).await?;
+    /// Loads the auth state from `store`.
+    pub async fn open<B: Backend>(store: &Store<B>, options: AuthOptions) -> anyhow::Result<Self> {
+        let state = manage::load_state(store).await?;
         Ok(Auth {
             state: RwLock::new(Arc::new(state)),
             tokens: TokenStore::new(options.token_ttl),
@@ -220,14 +220,14 @@ impl Auth {
     }
 
     /// Re-reads the state from the database if another instance changed it.
-    pub async fn refresh<B: Backend>(&self, backend: &B) -> anyhow::Result<()> {
+    pub async fn refresh<B: Backend>(&self, store: &Store<B>) -> anyhow::Result<()> {
         let _changing = self.changing.lock().await;
-        let (enabled, revision) = manage::load_flags(backend).await?;
+        let (enabled, revision) = store.auth_flags().await?;
         let current = self.state();
         if enabled == current.enabled && revision == current.revision {
             return Ok(());
         }
-        let state = manage::load_state(backend).await?;
+        let state = manage::load_state(store).await?;
         tracing::info!(
             enabled = state.enabled,
             revision = state.revision,
@@ -242,13 +242,13 @@ impl Auth {
     /// `applied` counts (a cluster's, which this member's writer applies).
     pub fn follow<B: Backend>(
         auth: &Arc<Self>,
-        backend: Arc<B>,
+        store: Arc<Store<B>>,
         mut applied: tokio::sync::watch::Receiver<u64>,
     ) -> tokio::task::JoinHandle<()> {
         let auth = Arc::downgrade(auth);
         tokio::spawn(async move {
             // This follower's own feed: a wake-up is never taken by another.
-            let mut changes = backend.change_feed();
+            let mut changes = store.change_feed();
             loop {
                 // And every few seconds regardless: a bound on any change
                 // that no signal reached.
@@ -263,7 +263,7 @@ impl Auth {
                     _ = tokio::time::sleep(REFRESH_FALLBACK) => {}
                 }
                 let Some(auth) = auth.upgrade() else { return };
-                if let Err(error) = auth.refresh(&*backend).await {
+                if let Err(error) = auth.refresh(&store).await {
                     tracing::warn!("cannot re-read the auth state: {error:#}");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }

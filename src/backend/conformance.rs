@@ -18,7 +18,7 @@ use crate::store::{Store, StoreError};
 /// removed, and invisible until their transaction commits.
 pub async fn auth_records_are_stored_replaced_and_removed<B: Backend>(t: TestStore<B>) {
     use crate::backend::{AuthKind, WriteTxn};
-    let backend = t.store.database();
+    let backend = t.store.backend();
     let records = |kind| async move {
         let mut txn = backend.read().await.unwrap();
         txn.auth_records(kind).await.unwrap()

@@ -207,7 +207,7 @@ async fn serve<B: Backend>(
     }
     let auth = Arc::new(
         Auth::open(
-            store.database(),
+            &store,
             AuthOptions {
                 token_ttl: std::time::Duration::from_secs(config.auth_token_ttl),
                 bcrypt_cost: config.bcrypt_cost,
@@ -215,7 +215,7 @@ async fn serve<B: Backend>(
         )
         .await?,
     );
-    let auth_follower = Auth::follow(&auth, store.shared_database(), store.auth_changes());
+    let auth_follower = Auth::follow(&auth, store.clone(), store.auth_changes());
     let info = Arc::new(ServerInfo {
         identity,
         max_request_bytes: config.max_request_bytes,

@@ -33,6 +33,7 @@ pub use self::auto_compaction::AutoCompaction;
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::publisher::Publisher;
+pub use self::settings::AuthRecords;
 pub(crate) use self::settings::read_auth_flags;
 use self::writer::{Queued, WriteRequest, WriteResponse};
 use crate::backend::{AlarmRow, Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
@@ -277,17 +278,6 @@ impl<B: Backend> Store<B> {
     #[cfg(test)]
     pub(crate) fn backend(&self) -> &B {
         &self.backend
-    }
-
-    /// The database under the store, for the records kept beside the keys
-    /// (auth users and roles).
-    pub fn database(&self) -> &B {
-        &self.backend
-    }
-
-    /// A shared handle on the database, for background tasks.
-    pub fn shared_database(&self) -> Arc<B> {
-        self.backend.clone()
     }
 
     /// Counts the auth changes this store's writer applied (see

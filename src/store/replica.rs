@@ -31,7 +31,7 @@ impl<B: Backend> Replica<'_, B> {
     /// The encoded mark of the last applied entry, if any was applied.
     pub async fn mark(&self) -> anyhow::Result<Option<Vec<u8>>> {
         let mut txn = self.backend().read().await?;
-        Ok(txn.replication_mark().await?)
+        txn.replication_mark().await
     }
 
     /// Writes one consistent copy of the store to `path`; returns the mark
@@ -39,7 +39,7 @@ impl<B: Backend> Replica<'_, B> {
     pub async fn copy_to(&self, path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
         snapshot::write_database(self.backend(), path).await?;
         let mut copy = Sqlite::read_snapshot_file(path)?;
-        Ok(copy.replication_mark().await?)
+        copy.replication_mark().await
     }
 
     /// Replaces the store's contents with the snapshot file at `path`, which

@@ -1,9 +1,10 @@
-//! The store's reading of the `settings` rows: its identity, chosen on
-//! first start, and the auth flags.
+//! The store's reading of the `settings` rows and the records kept beside
+//! the keys: its identity, chosen on first start, and the auth state.
 
-use super::Identity;
+use super::{Identity, Store};
+use crate::backend::changes::ChangeFeed;
 use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION, CLUSTER_ID, MEMBER_ID};
-use crate::backend::{Backend, ReadTxn, WriteTxn};
+use crate::backend::{AuthKind, Backend, ReadTxn, WriteTxn};
 
 /// Reads the cluster and member ids, choosing them on first start.
 pub(super) async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Identity> {
@@ -43,4 +44,44 @@ pub(crate) async fn read_auth_flags<T: ReadTxn>(txn: &mut T) -> anyhow::Result<(
     let enabled = txn.setting(AUTH_ENABLED).await?.unwrap_or(0) != 0;
     let revision = txn.setting(AUTH_REVISION).await?.unwrap_or(1).max(1) as u64;
     Ok((enabled, revision))
+}
+
+/// The stored auth state as records: the switch, the auth revision, and
+/// each user's and role's name and authpb record, read at one revision.
+pub struct AuthRecords {
+    /// Whether auth is enabled.
+    pub enabled: bool,
+    /// etcd's auth revision.
+    pub revision: u64,
+    /// (name, authpb.User) of every user.
+    pub users: Vec<(Vec<u8>, Vec<u8>)>,
+    /// (name, authpb.Role) of every role.
+    pub roles: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl<B: Backend> Store<B> {
+    /// The auth state as stored (changes go through `Store::change_auth`).
+    pub async fn auth_records(&self) -> anyhow::Result<AuthRecords> {
+        let mut txn = self.backend.read().await?;
+        let (enabled, revision) = read_auth_flags(&mut txn).await?;
+        Ok(AuthRecords {
+            enabled,
+            revision,
+            users: txn.auth_records(AuthKind::User).await?,
+            roles: txn.auth_records(AuthKind::Role).await?,
+        })
+    }
+
+    /// Whether auth is enabled, and the auth revision: the cheap check of
+    /// whether the stored auth state moved.
+    pub async fn auth_flags(&self) -> anyhow::Result<(bool, u64)> {
+        let mut txn = self.backend.read().await?;
+        read_auth_flags(&mut txn).await
+    }
+
+    /// A new feed of other instances' commits on a shared database, for a
+    /// follower of state kept beside the keys (auth).
+    pub fn change_feed(&self) -> ChangeFeed {
+        self.backend.change_feed()
+    }
 }
