@@ -333,24 +333,24 @@ async fn defrag_gives_back_the_space_of_deleted_keys() {
     assert!(everything_at(&mut kv, 0).await.contains("count 1 "));
 }
 
-/// After many keys are deleted and compacted away, Status reports less space in use
-/// than the database takes (etcd: the file minus its free pages), on every backend.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_in_use_excludes_the_space_deletes_freed() {
-    let server = Cetera::start().await;
-    let channel = channel(&server.endpoint()).await;
-    let mut kv = KvClient::new(channel.clone());
-    let mut maintenance = MaintenanceClient::new(channel);
-    let value = "z".repeat(4000);
-    for i in 0..300 {
-        kv.put(put(&format!("/gone/{i:04}"), &value, 0))
+/// Puts `count` keys of 4000 bytes under `prefix` (which ends in '/'), deletes
+/// them, and compacts their history away physically.
+async fn fill_and_compact_away(
+    kv: &mut KvClient<tonic::transport::Channel>,
+    prefix: &str,
+    count: usize,
+) {
+    let value = "x".repeat(4000);
+    for i in 0..count {
+        kv.put(put(&format!("{prefix}{i:04}"), &value, 0))
             .await
             .unwrap();
     }
+    let range_end = format!("{}0", prefix.trim_end_matches('/'));
     let deleted = kv
         .delete_range(DeleteRangeRequest {
-            key: "/gone/".into(),
-            range_end: "/gone0".into(),
+            key: prefix.into(),
+            range_end: range_end.into(),
             ..Default::default()
         })
         .await
@@ -362,6 +362,17 @@ async fn status_in_use_excludes_the_space_deletes_freed() {
     })
     .await
     .unwrap();
+}
+
+/// After many keys are deleted and compacted away, Status reports less space in use
+/// than the database takes (etcd: the file minus its free pages), on every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_in_use_excludes_the_space_deletes_freed() {
+    let server = Cetera::start().await;
+    let channel = channel(&server.endpoint()).await;
+    let mut kv = KvClient::new(channel.clone());
+    let mut maintenance = MaintenanceClient::new(channel);
+    fill_and_compact_away(&mut kv, "/gone/", 300).await;
     let (size, in_use) = status(&mut maintenance).await;
     assert!(
         0 < in_use && in_use < size,
@@ -385,27 +396,7 @@ async fn defrag_converts_an_old_sqlite_database() {
     let channel = channel(&server.endpoint()).await;
     let mut kv = KvClient::new(channel.clone());
     let mut maintenance = MaintenanceClient::new(channel);
-    let value = "y".repeat(4000);
-    for i in 0..300 {
-        kv.put(put(&format!("/big/{i:04}"), &value, 0))
-            .await
-            .unwrap();
-    }
-    let deleted = kv
-        .delete_range(DeleteRangeRequest {
-            key: "/big/".into(),
-            range_end: "/big0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    kv.compact(CompactionRequest {
-        revision: deleted.header.unwrap().revision,
-        physical: true,
-    })
-    .await
-    .unwrap();
+    fill_and_compact_away(&mut kv, "/big/", 300).await;
     let before = status(&mut maintenance).await;
     maintenance.defragment(DefragmentRequest {}).await.unwrap();
     let after = status(&mut maintenance).await;
