@@ -26,17 +26,25 @@ pub(crate) fn gave_up_after_text(elapsed: std::time::Duration) -> String {
     format!("gave up after {:.1}s", elapsed.as_secs_f64())
 }
 
-/// The seconds a "gave up after N s" (or "N ms") in `message` names.
+/// Asserts that connection retries begun at `started` lasted `patience` and
+/// that `error` reports the time they really took (`gave_up_after_text`).
 #[cfg(test)]
-pub(crate) fn gave_up_after(message: &str) -> Option<f64> {
-    let rest = message.split("gave up after ").nth(1)?;
-    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let number: f64 = rest[..end].parse().ok()?;
-    match &rest[end..] {
-        unit if unit.starts_with("ms") => Some(number / 1000.0),
-        unit if unit.starts_with('s') => Some(number),
-        _ => None,
-    }
+pub(crate) fn assert_gave_up_after(
+    error: &anyhow::Error,
+    started: std::time::Instant,
+    patience: std::time::Duration,
+) {
+    let took = started.elapsed();
+    assert!(took >= patience, "gave up after {took:?}");
+    let message = format!("{error:#}");
+    let reported: f64 = message
+        .split("gave up after ")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|seconds| seconds.parse().ok())
+        .expect(&message);
+    assert!(reported >= patience.as_secs_f64(), "{message}");
+    assert!(reported <= took.as_secs_f64() + 0.05, "{message}");
 }
 
 /// Errors from the database itself; the store reports them as internal

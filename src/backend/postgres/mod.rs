@@ -614,12 +614,7 @@ mod tests {
         .await
         .err()
         .expect("nothing listens on port 1");
-        let took = started.elapsed();
-        assert!(took >= patience, "gave up after {took:?}");
-        let message = format!("{error:#}");
-        let reported = crate::backend::gave_up_after(&message).expect(&message);
-        assert!(reported >= patience.as_secs_f64(), "{message}");
-        assert!(reported <= took.as_secs_f64() + 0.05, "{message}");
+        crate::backend::assert_gave_up_after(&error, started, patience);
     }
 
     /// Whether `backend`'s pooled connections use TLS.
