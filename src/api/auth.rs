@@ -40,7 +40,9 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
-        self.auth().enable(&self.store, request.metadata()).await?;
+        self.auth()
+            .enable(&self.store, &self.info.caller(request.metadata())?)
+            .await?;
         Ok(Response::new(AuthEnableResponse {
             header: self.header(),
         }))
@@ -50,7 +52,9 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
-        self.auth().disable(&self.store, request.metadata()).await?;
+        self.auth()
+            .disable(&self.store, &self.info.caller(request.metadata())?)
+            .await?;
         Ok(Response::new(AuthDisableResponse {
             header: self.header(),
         }))
@@ -60,7 +64,9 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthStatusRequest>,
     ) -> Result<Response<AuthStatusResponse>, Status> {
-        let (enabled, auth_revision) = self.auth().auth_status(request.metadata())?;
+        let (enabled, auth_revision) = self
+            .auth()
+            .auth_status(&self.info.caller(request.metadata())?)?;
         Ok(Response::new(AuthStatusResponse {
             header: self.header(),
             enabled,
@@ -86,7 +92,13 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserAddResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .user_add(&self.store, &metadata, req.name, req.password, req.options)
+            .user_add(
+                &self.store,
+                &self.info.caller(&metadata)?,
+                req.name,
+                req.password,
+                req.options,
+            )
             .await?;
         Ok(Response::new(AuthUserAddResponse {
             header: self.header(),
@@ -97,9 +109,10 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthUserGetRequest>,
     ) -> Result<Response<AuthUserGetResponse>, Status> {
-        let roles = self
-            .auth()
-            .user_get(request.metadata(), &request.get_ref().name)?;
+        let roles = self.auth().user_get(
+            &self.info.caller(request.metadata())?,
+            &request.get_ref().name,
+        )?;
         Ok(Response::new(AuthUserGetResponse {
             header: self.header(),
             roles,
@@ -110,7 +123,9 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthUserListRequest>,
     ) -> Result<Response<AuthUserListResponse>, Status> {
-        let users = self.auth().user_list(request.metadata())?;
+        let users = self
+            .auth()
+            .user_list(&self.info.caller(request.metadata())?)?;
         Ok(Response::new(AuthUserListResponse {
             header: self.header(),
             users,
@@ -122,7 +137,11 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthUserDeleteRequest>,
     ) -> Result<Response<AuthUserDeleteResponse>, Status> {
         self.auth()
-            .user_delete(&self.store, request.metadata(), &request.get_ref().name)
+            .user_delete(
+                &self.store,
+                &self.info.caller(request.metadata())?,
+                &request.get_ref().name,
+            )
             .await?;
         Ok(Response::new(AuthUserDeleteResponse {
             header: self.header(),
@@ -135,7 +154,12 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .user_change_password(&self.store, &metadata, &req.name, req.password)
+            .user_change_password(
+                &self.store,
+                &self.info.caller(&metadata)?,
+                &req.name,
+                req.password,
+            )
             .await?;
         Ok(Response::new(AuthUserChangePasswordResponse {
             header: self.header(),
@@ -148,7 +172,12 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
         let req = request.get_ref();
         self.auth()
-            .user_grant_role(&self.store, request.metadata(), &req.user, &req.role)
+            .user_grant_role(
+                &self.store,
+                &self.info.caller(request.metadata())?,
+                &req.user,
+                &req.role,
+            )
             .await?;
         Ok(Response::new(AuthUserGrantRoleResponse {
             header: self.header(),
@@ -161,7 +190,12 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
         let req = request.get_ref();
         self.auth()
-            .user_revoke_role(&self.store, request.metadata(), &req.name, &req.role)
+            .user_revoke_role(
+                &self.store,
+                &self.info.caller(request.metadata())?,
+                &req.name,
+                &req.role,
+            )
             .await?;
         Ok(Response::new(AuthUserRevokeRoleResponse {
             header: self.header(),
@@ -173,7 +207,11 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthRoleAddRequest>,
     ) -> Result<Response<AuthRoleAddResponse>, Status> {
         self.auth()
-            .role_add(&self.store, request.metadata(), &request.get_ref().name)
+            .role_add(
+                &self.store,
+                &self.info.caller(request.metadata())?,
+                &request.get_ref().name,
+            )
             .await?;
         Ok(Response::new(AuthRoleAddResponse {
             header: self.header(),
@@ -184,9 +222,10 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthRoleGetRequest>,
     ) -> Result<Response<AuthRoleGetResponse>, Status> {
-        let perm = self
-            .auth()
-            .role_get(request.metadata(), &request.get_ref().role)?;
+        let perm = self.auth().role_get(
+            &self.info.caller(request.metadata())?,
+            &request.get_ref().role,
+        )?;
         Ok(Response::new(AuthRoleGetResponse {
             header: self.header(),
             perm,
@@ -197,7 +236,9 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthRoleListRequest>,
     ) -> Result<Response<AuthRoleListResponse>, Status> {
-        let roles = self.auth().role_list(request.metadata())?;
+        let roles = self
+            .auth()
+            .role_list(&self.info.caller(request.metadata())?)?;
         Ok(Response::new(AuthRoleListResponse {
             header: self.header(),
             roles,
@@ -209,7 +250,11 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthRoleDeleteRequest>,
     ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
         self.auth()
-            .role_delete(&self.store, request.metadata(), &request.get_ref().role)
+            .role_delete(
+                &self.store,
+                &self.info.caller(request.metadata())?,
+                &request.get_ref().role,
+            )
             .await?;
         Ok(Response::new(AuthRoleDeleteResponse {
             header: self.header(),
@@ -222,7 +267,12 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         self.auth()
-            .role_grant_permission(&self.store, &metadata, &req.name, req.perm)
+            .role_grant_permission(
+                &self.store,
+                &self.info.caller(&metadata)?,
+                &req.name,
+                req.perm,
+            )
             .await?;
         Ok(Response::new(AuthRoleGrantPermissionResponse {
             header: self.header(),
@@ -237,7 +287,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .role_revoke_permission(
                 &self.store,
-                request.metadata(),
+                &self.info.caller(request.metadata())?,
                 &req.role,
                 &req.key,
                 &req.range_end,

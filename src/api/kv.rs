@@ -58,7 +58,9 @@ impl<B: Backend> Kv for KvService<B> {
     ) -> Result<Response<RangeResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
         check_range(&req)?;
-        self.info.auth.authorize_range(&metadata, &req)?;
+        self.info
+            .auth
+            .authorize_range(&self.info.caller(&metadata)?, &req)?;
         let mut resp = self.store.range(&req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -70,7 +72,7 @@ impl<B: Backend> Kv for KvService<B> {
         self.check_size(&req)?;
         self.info
             .auth
-            .authorize_put(&metadata, &req, &self.store)
+            .authorize_put(&self.info.caller(&metadata)?, &req, &self.store)
             .await?;
         let mut resp = self.store.put(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -84,7 +86,9 @@ impl<B: Backend> Kv for KvService<B> {
         let (metadata, _, req) = request.into_parts();
         check_delete(&req)?;
         self.check_size(&req)?;
-        self.info.auth.authorize_delete(&metadata, &req)?;
+        self.info
+            .auth
+            .authorize_delete(&self.info.caller(&metadata)?, &req)?;
         let mut resp = self.store.delete_range(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -98,7 +102,7 @@ impl<B: Backend> Kv for KvService<B> {
         self.check_size(&req)?;
         self.info
             .auth
-            .authorize_txn(&metadata, &req, &self.store)
+            .authorize_txn(&self.info.caller(&metadata)?, &req, &self.store)
             .await?;
         let mut resp = self.store.txn(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -109,7 +113,7 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         let req = request.into_inner();
         self.check_size(&req)?;
         let mut resp = self.store.compact(&req).await?;

@@ -43,7 +43,7 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        self.info.auth.require_user(request.metadata())?;
+        self.info.require_user(request.metadata())?;
         let mut resp = self.store.lease_grant(request.into_inner()).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -56,7 +56,7 @@ impl<B: Backend> Lease for LeaseService<B> {
         let (metadata, _, req) = request.into_parts();
         self.info
             .auth
-            .authorize_lease_revoke(&metadata, req.id, &self.store)
+            .authorize_lease_revoke(&self.info.caller(&metadata)?, req.id, &self.store)
             .await?;
         let mut resp = self.store.lease_revoke(req.id).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -81,7 +81,7 @@ impl<B: Backend> Lease for LeaseService<B> {
             async move {
                 // A keep-alive needs what a revoke needs (etcd's checkLeaseRenew).
                 info.auth
-                    .authorize_lease_revoke(&metadata, req.id, &store)
+                    .authorize_lease_revoke(&info.caller(&metadata)?, req.id, &store)
                     .await?;
                 let mut resp = store.lease_keep_alive(req.id).await?;
                 info.fill(&mut resp.header, store.revisions().current);
@@ -98,7 +98,12 @@ impl<B: Backend> Lease for LeaseService<B> {
         let (metadata, _, req) = request.into_parts();
         self.info
             .auth
-            .authorize_lease_time_to_live(&metadata, req.id, req.keys, &self.store)
+            .authorize_lease_time_to_live(
+                &self.info.caller(&metadata)?,
+                req.id,
+                req.keys,
+                &self.store,
+            )
             .await?;
         let mut resp = self.store.lease_time_to_live(&req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -111,7 +116,7 @@ impl<B: Backend> Lease for LeaseService<B> {
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
         self.info
             .auth
-            .authorize_lease_leases(request.metadata(), &self.store)
+            .authorize_lease_leases(&self.info.caller(request.metadata())?, &self.store)
             .await?;
         let mut resp = self.store.leases().await?;
         self.info.fill(&mut resp.header, self.current_revision());

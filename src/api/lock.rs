@@ -143,14 +143,13 @@ impl<B: Backend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
+        let caller = self
+            .info
+            .caller(request.metadata())
+            .map_err(through_internal_client)?;
         self.info
             .auth
-            .authorize_keys(
-                request.metadata(),
-                &request.get_ref().key,
-                b"",
-                &[Access::Write],
-            )
+            .authorize_keys(&caller, &request.get_ref().key, b"", &[Access::Write])
             .map_err(through_internal_client)?;
         let req = request.into_inner();
         if req.key.is_empty() {
@@ -163,7 +162,7 @@ impl<B: Backend> Lock for LockService<B> {
                 ..Default::default()
             })
             .await
-            .map_err(|e| through_internal_client(e.into()))?;
+            .map_err(through_internal_client)?;
         let mut header = deleted.header;
         self.info.fill(&mut header, self.store.revisions().current);
         Ok(Response::new(UnlockResponse { header }))

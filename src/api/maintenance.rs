@@ -103,9 +103,9 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
         if request.get_ref().action == AlarmAction::Get as i32 {
-            self.info.auth.require_user(request.metadata())?;
+            self.info.require_user(request.metadata())?;
         } else {
-            self.info.auth.require_admin(request.metadata())?;
+            self.info.require_admin(request.metadata())?;
         }
         let request = request.into_inner();
         let alarms = match AlarmAction::try_from(request.action) {
@@ -133,7 +133,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.info.auth.require_user(request.metadata())?;
+        self.info.require_user(request.metadata())?;
         let size = self.store.size().await?;
         let revision = self.store.revisions().current;
         // etcd lists each raised alarm in the protobuf text form of its AlarmMember.
@@ -193,13 +193,13 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         self.store.defragment().await?;
         Ok(Response::new(DefragmentResponse { header: None }))
     }
 
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         let (hash, revision) = self.store.hash().await?;
         Ok(Response::new(HashResponse {
             header: self.info.header(revision),
@@ -211,7 +211,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         let hashed = self.store.hash_kv(request.into_inner().revision).await?;
         Ok(Response::new(HashKvResponse {
             header: self.info.header(hashed.current),
@@ -229,7 +229,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         let dir = tempfile::Builder::new()
             .prefix("cetera-snapshot-")
             .tempdir()
@@ -268,7 +268,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         let target = request.get_ref().target_id;
         let moved = match &self.info.cluster {
             // A single server leads already, and nobody else can.
@@ -293,7 +293,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
-        self.info.auth.require_admin(request.metadata())?;
+        self.info.require_admin(request.metadata())?;
         Err(Status::unimplemented(
             "cetera: Downgrade is not implemented",
         ))

@@ -16,8 +16,10 @@ pub mod watch;
 
 use std::sync::Arc;
 
+use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
+use crate::auth::{AuthError, Caller};
 use crate::proto::etcdserverpb::ResponseHeader;
 use crate::store::{Identity, StoreError};
 
@@ -63,6 +65,33 @@ impl ServerInfo {
         self.cluster
             .as_ref()
             .map_or(RAFT_TERM, |cluster| cluster.status().term)
+    }
+
+    /// The caller a request's metadata names: etcd's clients send their
+    /// token as `token`; `authorization` (with or without `Bearer `) is
+    /// taken too, as etcd's gRPC gateway passes it on.
+    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        let token = metadata
+            .get("token")
+            .or_else(|| metadata.get("authorization"))
+            .and_then(|v| v.to_str().ok())
+            .map(|token| token.strip_prefix("Bearer ").unwrap_or(token));
+        Ok(self.auth.caller(token)?)
+    }
+
+    /// The caller, who must carry a valid token whenever auth is enabled.
+    pub fn require_user(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        let caller = self.caller(metadata)?;
+        self.auth.require_user(&caller)?;
+        Ok(caller)
+    }
+
+    /// The caller, who must be an admin whenever auth is enabled (etcd's
+    /// needAdminPermission).
+    pub fn require_admin(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        let caller = self.caller(metadata)?;
+        self.auth.require_admin(&caller)?;
+        Ok(caller)
     }
 
     /// A complete header at `revision`.
@@ -135,6 +164,33 @@ pub mod errors {
             Some(text) => Status::new(Code::ResourceExhausted, text),
             None => status,
         }
+    }
+}
+
+impl From<AuthError> for Status {
+    fn from(error: AuthError) -> Status {
+        match error {
+            AuthError::Store(error) => error.into(),
+            error => Status::new(auth_error_code(&error), error.to_string()),
+        }
+    }
+}
+
+/// etcd's gRPC code for each auth error (its rpctypes table).
+fn auth_error_code(error: &AuthError) -> Code {
+    use AuthError::*;
+    match error {
+        RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound
+        | RoleAlreadyExist | RoleNotFound | RoleNotGranted | PermissionNotGranted
+        | AuthNotEnabled => Code::FailedPrecondition,
+        UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt => {
+            Code::InvalidArgument
+        }
+        PermissionDenied => Code::PermissionDenied,
+        InvalidAuthToken => Code::Unauthenticated,
+        // etcd has no gRPC mapping for these: Unknown, with the text. (A
+        // store error is answered as the store's own, above.)
+        NoPasswordUser | Password(_) | Store(_) => Code::Unknown,
     }
 }
 

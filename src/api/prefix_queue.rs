@@ -175,16 +175,17 @@ pub fn authorize_queue(
     } else {
         &[Access::Read]
     };
+    let caller = info.caller(metadata).map_err(through_internal_client)?;
     info.auth
-        .authorize_keys(metadata, &prefix, &prefix_end(&prefix), accesses)
+        .authorize_keys(&caller, &prefix, &prefix_end(&prefix), accesses)
         .map_err(through_internal_client)
 }
 
 /// An error as etcd's Lock and Election services return it: they call the
 /// KV service through an in-process client, whose errors reach gRPC without
 /// their code, so the caller sees code Unknown with etcd's message.
-pub fn through_internal_client(status: Status) -> Status {
-    Status::new(Code::Unknown, status.message())
+pub fn through_internal_client(error: impl Into<Status>) -> Status {
+    Status::new(Code::Unknown, error.into().message())
 }
 
 /// The error every wait ends with when the server shuts down.

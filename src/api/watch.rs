@@ -76,11 +76,10 @@ impl<B: Backend> WatchService<B> {
         let (metadata, _, requests) = request.into_parts();
         let deadline = grpc_timeout(&metadata).map(|timeout| Instant::now() + timeout);
         let (out, responses) = mpsc::channel(OUTBOUND_RESPONSES);
-        let auth = self.info.auth.clone();
-        let session =
-            WatchSession::new(self.store.clone(), out, self.options).with_create_check(Box::new(
-                move |key, range_end| auth.watch_refusal(&auth.caller(&metadata), key, range_end),
-            ));
+        let info = self.info.clone();
+        let session = WatchSession::new(self.store.clone(), out, self.options).with_create_check(
+            Box::new(move |key, range_end| watch_refusal(&info, &metadata, key, range_end)),
+        );
         let stream_counted = GaugeGuard::new(&metrics().watch_streams);
         // A request that fails to arrive ends the call, with etcd's error.
         let requests = requests.map(|request| request.map_err(super::errors::etcd_transport_error));
@@ -104,6 +103,30 @@ impl<B: Backend> WatchService<B> {
             expired: false,
         })))
     }
+}
+
+/// The reason a watch on `[key, range_end)` is refused, if it is: the
+/// caller's token is resolved at each create, as etcd checks each, and the
+/// refusal is the text of the gRPC error, as etcd puts it in cancel_reason.
+fn watch_refusal(
+    info: &ServerInfo,
+    metadata: &MetadataMap,
+    key: &[u8],
+    range_end: &[u8],
+) -> Option<String> {
+    let refusal = info
+        .caller(metadata)
+        .and_then(|caller| Ok(info.auth.authorize_watch(&caller, key, range_end)?));
+    refusal.err().map(|status| grpc_error_text(&status))
+}
+
+/// A gRPC error as grpc-go prints it, the form etcd's cancel reasons take.
+fn grpc_error_text(status: &Status) -> String {
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
 }
 
 /// The client's deadline for the call, from its `grpc-timeout` header

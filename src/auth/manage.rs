@@ -9,10 +9,9 @@
 use std::collections::BTreeMap;
 
 use prost::Message;
-use tonic::{Code, Status};
 
 use super::perms::is_valid_permission_range;
-use super::{Auth, AuthState, Caller, ROOT_ROLE, ROOT_USER};
+use super::{Auth, AuthError, AuthState, Caller, ROOT_ROLE, ROOT_USER};
 use crate::backend::{AuthKind, Backend};
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
 use crate::store::writer::AuthWrite;
@@ -21,87 +20,7 @@ use crate::store::{Store, StoreError};
 /// Times a change is computed again when the state moved meanwhile.
 const CHANGE_ATTEMPTS: usize = 5;
 
-/// etcd's auth errors, with their gRPC codes and messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
-    /// `etcdserver: root user does not exist`
-    #[error("etcdserver: root user does not exist")]
-    RootUserNotExist,
-    /// `etcdserver: root user does not have root role`
-    #[error("etcdserver: root user does not have root role")]
-    RootRoleNotExist,
-    /// `etcdserver: user name already exists`
-    #[error("etcdserver: user name already exists")]
-    UserAlreadyExist,
-    /// `etcdserver: user name is empty`
-    #[error("etcdserver: user name is empty")]
-    UserEmpty,
-    /// `etcdserver: user name not found`
-    #[error("etcdserver: user name not found")]
-    UserNotFound,
-    /// `etcdserver: role name already exists`
-    #[error("etcdserver: role name already exists")]
-    RoleAlreadyExist,
-    /// `etcdserver: role name not found`
-    #[error("etcdserver: role name not found")]
-    RoleNotFound,
-    /// `etcdserver: role name is empty`
-    #[error("etcdserver: role name is empty")]
-    RoleEmpty,
-    /// `etcdserver: authentication failed, invalid user ID or password`
-    #[error("etcdserver: authentication failed, invalid user ID or password")]
-    AuthFailed,
-    /// `etcdserver: permission not given`
-    #[error("etcdserver: permission not given")]
-    PermissionNotGiven,
-    /// `etcdserver: permission denied`
-    #[error("etcdserver: permission denied")]
-    PermissionDenied,
-    /// `etcdserver: role is not granted to the user`
-    #[error("etcdserver: role is not granted to the user")]
-    RoleNotGranted,
-    /// `etcdserver: permission is not granted to the role`
-    #[error("etcdserver: permission is not granted to the role")]
-    PermissionNotGranted,
-    /// `etcdserver: authentication is not enabled`
-    #[error("etcdserver: authentication is not enabled")]
-    AuthNotEnabled,
-    /// `etcdserver: invalid auth token`
-    #[error("etcdserver: invalid auth token")]
-    InvalidAuthToken,
-    /// `etcdserver: invalid auth management`
-    #[error("etcdserver: invalid auth management")]
-    InvalidAuthMgmt,
-    /// etcd has no gRPC mapping for this one, so it reaches clients as
-    /// Unknown with the auth package's own text.
-    #[error("auth: authentication failed, password was given for no password user")]
-    NoPasswordUser,
-}
-
-impl AuthError {
-    fn code(self) -> Code {
-        use AuthError::*;
-        match self {
-            RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound
-            | RoleAlreadyExist | RoleNotFound | RoleNotGranted | PermissionNotGranted
-            | AuthNotEnabled => Code::FailedPrecondition,
-            UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt => {
-                Code::InvalidArgument
-            }
-            PermissionDenied => Code::PermissionDenied,
-            InvalidAuthToken => Code::Unauthenticated,
-            NoPasswordUser => Code::Unknown,
-        }
-    }
-}
-
-impl From<AuthError> for Status {
-    fn from(error: AuthError) -> Status {
-        Status::new(error.code(), error.to_string())
-    }
-}
-
-fn database_error(error: anyhow::Error) -> Status {
+fn database_error(error: anyhow::Error) -> AuthError {
     StoreError::Backend(error).into()
 }
 
@@ -150,12 +69,12 @@ enum Outcome {
 /// The bcrypt hash of `password`, computed off the async threads. Like etcd
 /// 3.5's server, this always hashes `password`: a client's hashedPassword is
 /// replaced, never trusted.
-async fn hash_password(password: String, cost: u32) -> Result<Vec<u8>, Status> {
+async fn hash_password(password: String, cost: u32) -> Result<Vec<u8>, AuthError> {
     tokio::task::spawn_blocking(move || bcrypt::hash(password, cost))
         .await
-        .map_err(|e| Status::new(Code::Unknown, e.to_string()))?
+        .map_err(|e| AuthError::Password(e.to_string()))?
         .map(String::into_bytes)
-        .map_err(|e| Status::new(Code::Unknown, e.to_string()))
+        .map_err(|e| AuthError::Password(e.to_string()))
 }
 
 impl Auth {
@@ -168,7 +87,7 @@ impl Auth {
         &self,
         store: &Store<B>,
         mut f: impl FnMut(&mut Records) -> Result<Outcome, AuthError>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), AuthError> {
         let _changing = self.changing.lock().await;
         for _ in 0..CHANGE_ATTEMPTS {
             let before = load_state(store).await.map_err(database_error)?;
@@ -211,19 +130,13 @@ impl Auth {
         Err(StoreError::AuthChanged.into())
     }
 
-    /// The caller, who must be an admin whenever auth is enabled (etcd's
-    /// needAdminPermission).
-    fn admin(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
-        self.require_admin(metadata)
-    }
-
     /// AuthEnable: needs a root user holding the root role.
     pub async fn enable<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+        caller: &Caller,
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             if r.enabled {
                 return Ok(Outcome::Unchanged);
@@ -242,9 +155,9 @@ impl Auth {
     pub async fn disable<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+        caller: &Caller,
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             if !r.enabled {
                 return Ok(Outcome::Unchanged);
@@ -256,39 +169,36 @@ impl Auth {
     }
 
     /// AuthStatus: enabled and the auth revision.
-    pub fn auth_status(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<(bool, u64), Status> {
-        self.admin(metadata)?;
+    pub fn auth_status(&self, caller: &Caller) -> Result<(bool, u64), AuthError> {
+        self.require_admin(caller)?;
         Ok(self.status())
     }
 
     /// Authenticate: checks the password (bcrypt, off the async threads)
     /// and issues a simple token.
-    pub async fn authenticate(&self, name: &str, password: &str) -> Result<String, Status> {
+    pub async fn authenticate(&self, name: &str, password: &str) -> Result<String, AuthError> {
         let state = self.state();
         if !state.enabled {
-            return Err(AuthError::AuthNotEnabled.into());
+            return Err(AuthError::AuthNotEnabled);
         }
         let user = state.users.get(name).ok_or(AuthError::AuthFailed)?;
         if user.options.as_ref().is_some_and(|o| o.no_password) {
-            return Err(AuthError::NoPasswordUser.into());
+            return Err(AuthError::NoPasswordUser);
         }
         let hash = String::from_utf8_lossy(&user.password).into_owned();
         let password = password.to_string();
         let matches = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
             .await
-            .map_err(|e| Status::new(Code::Unknown, e.to_string()))?
+            .map_err(|e| AuthError::Password(e.to_string()))?
             .unwrap_or(false);
         if !matches {
             tracing::info!(user = name, "invalid password");
-            return Err(AuthError::AuthFailed.into());
+            return Err(AuthError::AuthFailed);
         }
         // The user may have been deleted or changed while bcrypt ran.
         let now = self.state();
         if !now.enabled || now.users.get(name).map(|u| &u.password) != Some(&user.password) {
-            return Err(AuthError::AuthFailed.into());
+            return Err(AuthError::AuthFailed);
         }
         Ok(self.tokens.assign(name))
     }
@@ -297,14 +207,14 @@ impl Auth {
     pub async fn user_add<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: String,
         password: String,
         options: Option<UserAddOptions>,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         if name.is_empty() {
-            return Err(AuthError::UserEmpty.into());
+            return Err(AuthError::UserEmpty);
         }
         let options = options.unwrap_or_default();
         let password = if options.no_password {
@@ -331,28 +241,20 @@ impl Auth {
     }
 
     /// UserGet: an admin, or the user asking about itself.
-    pub fn user_get(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-        name: &str,
-    ) -> Result<Vec<String>, Status> {
-        let caller = self.caller(metadata)?;
+    pub fn user_get(&self, caller: &Caller, name: &str) -> Result<Vec<String>, AuthError> {
         let state = self.state();
         if let Err(error) = state.admin_permitted(caller.user())
             && caller.user() != Some(name)
         {
-            return Err(error.into());
+            return Err(error);
         }
         let user = state.users.get(name).ok_or(AuthError::UserNotFound)?;
         Ok(user.roles.clone())
     }
 
     /// UserList.
-    pub fn user_list(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Vec<String>, Status> {
-        self.admin(metadata)?;
+    pub fn user_list(&self, caller: &Caller) -> Result<Vec<String>, AuthError> {
+        self.require_admin(caller)?;
         Ok(self.state().users.keys().cloned().collect())
     }
 
@@ -360,10 +262,10 @@ impl Auth {
     pub async fn user_delete<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             if r.enabled && name == ROOT_USER {
                 return Err(AuthError::InvalidAuthMgmt);
@@ -380,11 +282,11 @@ impl Auth {
     pub async fn user_change_password<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
         password: String,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         // Hashed before the user is looked up, as etcd's server does.
         let hash = hash_password(password, self.options.bcrypt_cost).await?;
         self.change(store, |r| {
@@ -404,11 +306,11 @@ impl Auth {
     pub async fn user_grant_role<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         user: &str,
         role: &str,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             if !r.users.contains_key(user) {
                 return Err(AuthError::UserNotFound);
@@ -432,11 +334,11 @@ impl Auth {
     pub async fn user_revoke_role<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
         role: &str,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             if r.enabled && name == ROOT_USER && role == ROOT_ROLE {
                 return Err(AuthError::InvalidAuthMgmt);
@@ -456,12 +358,12 @@ impl Auth {
     pub async fn role_add<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         if name.is_empty() {
-            return Err(AuthError::RoleEmpty.into());
+            return Err(AuthError::RoleEmpty);
         }
         self.change(store, |r| {
             if r.roles.contains_key(name) {
@@ -480,12 +382,7 @@ impl Auth {
     }
 
     /// RoleGet: an admin, or a user holding the role.
-    pub fn role_get(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-        name: &str,
-    ) -> Result<Vec<Permission>, Status> {
-        let caller = self.caller(metadata)?;
+    pub fn role_get(&self, caller: &Caller, name: &str) -> Result<Vec<Permission>, AuthError> {
         let state = self.state();
         if let Err(error) = state.admin_permitted(caller.user()) {
             let holds = caller
@@ -493,7 +390,7 @@ impl Auth {
                 .and_then(|u| state.users.get(u))
                 .is_some_and(|u| u.roles.iter().any(|r| r == name));
             if !holds {
-                return Err(error.into());
+                return Err(error);
             }
         }
         let role = state.roles.get(name).ok_or(AuthError::RoleNotFound)?;
@@ -501,11 +398,8 @@ impl Auth {
     }
 
     /// RoleList.
-    pub fn role_list(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Vec<String>, Status> {
-        self.admin(metadata)?;
+    pub fn role_list(&self, caller: &Caller) -> Result<Vec<String>, AuthError> {
+        self.require_admin(caller)?;
         Ok(self.state().roles.keys().cloned().collect())
     }
 
@@ -514,10 +408,10 @@ impl Auth {
     pub async fn role_delete<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             if r.enabled && name == ROOT_ROLE {
                 return Err(AuthError::InvalidAuthMgmt);
@@ -536,14 +430,14 @@ impl Auth {
     pub async fn role_grant_permission<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
         perm: Option<Permission>,
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         let perm = perm.ok_or(AuthError::PermissionNotGiven)?;
         if !is_valid_permission_range(&perm.key, &perm.range_end) {
-            return Err(AuthError::InvalidAuthMgmt.into());
+            return Err(AuthError::InvalidAuthMgmt);
         }
         self.change(store, |r| {
             let role = r.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
@@ -567,12 +461,12 @@ impl Auth {
     pub async fn role_revoke_permission<B: Backend>(
         &self,
         store: &Store<B>,
-        metadata: &tonic::metadata::MetadataMap,
+        caller: &Caller,
         name: &str,
         key: &[u8],
         range_end: &[u8],
-    ) -> Result<(), Status> {
-        self.admin(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_admin(caller)?;
         self.change(store, |r| {
             let role = r.roles.get_mut(name).ok_or(AuthError::RoleNotFound)?;
             let before = role.key_permission.len();

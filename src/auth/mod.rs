@@ -14,6 +14,7 @@
 //! token table: a token from one cetera instance is not valid on another
 //! (clients re-authenticate on `invalid auth token`, as clientv3 does).
 
+mod error;
 mod manage;
 
 pub mod perms;
@@ -23,10 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tonic::metadata::MetadataMap;
-use tonic::{Code, Status};
-
-pub use self::manage::AuthError;
+pub use self::error::AuthError;
 use self::perms::{Access, MergedPermissions};
 use self::tokens::TokenStore;
 use crate::backend::Backend;
@@ -271,42 +269,35 @@ impl Auth {
         })
     }
 
-    /// The caller named by the request's token. With auth disabled every
-    /// request is anonymous and tokens are ignored, as in etcd 3.5.
-    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+    /// The caller a request's token names (`None`: the request carried
+    /// none). With auth disabled every request is anonymous and tokens are
+    /// ignored, as in etcd 3.5.
+    pub fn caller(&self, token: Option<&str>) -> Result<Caller, AuthError> {
         if !self.state().enabled {
             return Ok(Caller::default());
         }
-        let token = metadata
-            .get("token")
-            .or_else(|| metadata.get("authorization"))
-            .and_then(|v| v.to_str().ok());
         let Some(token) = token else {
             return Ok(Caller::default());
         };
-        let token = token.strip_prefix("Bearer ").unwrap_or(token);
         match self.tokens.user(token) {
             Some(user) => Ok(Caller { user: Some(user) }),
-            None => Err(AuthError::InvalidAuthToken.into()),
+            None => Err(AuthError::InvalidAuthToken),
         }
     }
 
     /// etcd's requireAuthInfo: with auth enabled, a request must carry a
     /// valid token.
-    pub fn require_user(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let caller = self.caller(metadata)?;
+    pub fn require_user(&self, caller: &Caller) -> Result<(), AuthError> {
         if self.state().enabled && caller.user.is_none() {
-            return Err(AuthError::UserEmpty.into());
+            return Err(AuthError::UserEmpty);
         }
-        Ok(caller)
+        Ok(())
     }
 
     /// Admin (root role) permission: Compaction, Defragment, Snapshot, Hash,
     /// HashKV, MoveLeader, and the auth management calls.
-    pub fn require_admin(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let caller = self.caller(metadata)?;
-        self.state().admin_permitted(caller.user())?;
-        Ok(caller)
+    pub fn require_admin(&self, caller: &Caller) -> Result<(), AuthError> {
+        self.state().admin_permitted(caller.user())
     }
 
     fn permitted(
@@ -321,13 +312,19 @@ impl Auth {
     }
 
     /// Range needs read on its range.
-    pub fn authorize_range(
+    pub fn authorize_range(&self, caller: &Caller, req: &RangeRequest) -> Result<(), AuthError> {
+        self.permitted(caller, Access::Read, &req.key, &req.range_end)
+    }
+
+    /// A watch needs read on its range, checked as the client sent it
+    /// ("\0" means every key from `key` on).
+    pub fn authorize_watch(
         &self,
-        metadata: &MetadataMap,
-        req: &RangeRequest,
-    ) -> Result<(), Status> {
-        let caller = self.caller(metadata)?;
-        Ok(self.permitted(&caller, Access::Read, &req.key, &req.range_end)?)
+        caller: &Caller,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), AuthError> {
+        self.permitted(caller, Access::Read, key, range_end)
     }
 
     /// `accesses` on the keys in `[key, range_end)`: Lock and Election act on
@@ -335,14 +332,13 @@ impl Auth {
     /// client that carries the caller's token).
     pub fn authorize_keys(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         key: &[u8],
         range_end: &[u8],
         accesses: &[Access],
-    ) -> Result<(), Status> {
-        let caller = self.caller(metadata)?;
+    ) -> Result<(), AuthError> {
         for &access in accesses {
-            self.permitted(&caller, access, key, range_end)?;
+            self.permitted(caller, access, key, range_end)?;
         }
         Ok(())
     }
@@ -351,37 +347,34 @@ impl Auth {
     /// keys already attached to its lease.
     pub async fn authorize_put<B: Backend>(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         req: &PutRequest,
         store: &Store<B>,
-    ) -> Result<(), Status> {
-        let caller = self.caller(metadata)?;
-        self.check_put(&caller, req, store).await
+    ) -> Result<(), AuthError> {
+        self.check_put(caller, req, store).await
     }
 
     /// DeleteRange needs write on its range, read too with prev_kv.
     pub fn authorize_delete(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         req: &DeleteRangeRequest,
-    ) -> Result<(), Status> {
-        let caller = self.caller(metadata)?;
-        Ok(self.check_delete(&caller, req)?)
+    ) -> Result<(), AuthError> {
+        self.check_delete(caller, req)
     }
 
     /// Txn needs read on every compare and what each op needs, in nested
     /// txns too (as etcd 3.5 checks since its nested-txn fix).
     pub async fn authorize_txn<B: Backend>(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         req: &TxnRequest,
         store: &Store<B>,
-    ) -> Result<(), Status> {
-        let caller = self.caller(metadata)?;
+    ) -> Result<(), AuthError> {
         if !self.state().enabled {
             return Ok(());
         }
-        self.check_txn(&caller, req, store).await
+        self.check_txn(caller, req, store).await
     }
 
     fn check_delete(&self, caller: &Caller, req: &DeleteRangeRequest) -> Result<(), AuthError> {
@@ -397,7 +390,7 @@ impl Auth {
         caller: &Caller,
         req: &PutRequest,
         store: &Store<B>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), AuthError> {
         self.permitted(caller, Access::Write, &req.key, b"")?;
         self.check_lease_keys(caller, req.lease, Access::Write, store)
             .await?;
@@ -412,7 +405,8 @@ impl Auth {
         caller: &'a Caller,
         req: &'a TxnRequest,
         store: &'a Store<B>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Status>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), AuthError>> + Send + 'a>>
+    {
         Box::pin(async move {
             for compare in &req.compare {
                 self.permitted(caller, Access::Read, &compare.key, &compare.range_end)?;
@@ -440,7 +434,7 @@ impl Auth {
         id: i64,
         access: Access,
         store: &Store<B>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), AuthError> {
         let state = self.state();
         if id == 0 || state.admin_permitted(caller.user()).is_ok() {
             return Ok(());
@@ -457,12 +451,12 @@ impl Auth {
     /// LeaseRevoke needs a user and write on the lease's keys.
     pub async fn authorize_lease_revoke<B: Backend>(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         id: i64,
         store: &Store<B>,
-    ) -> Result<(), Status> {
-        let caller = self.require_user(metadata)?;
-        self.check_lease_keys(&caller, id, Access::Write, store)
+    ) -> Result<(), AuthError> {
+        self.require_user(caller)?;
+        self.check_lease_keys(caller, id, Access::Write, store)
             .await
     }
 
@@ -470,14 +464,14 @@ impl Auth {
     /// asks for them.
     pub async fn authorize_lease_time_to_live<B: Backend>(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         id: i64,
         keys: bool,
         store: &Store<B>,
-    ) -> Result<(), Status> {
-        let caller = self.require_user(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_user(caller)?;
         if keys {
-            self.check_lease_keys(&caller, id, Access::Read, store)
+            self.check_lease_keys(caller, id, Access::Read, store)
                 .await?;
         }
         Ok(())
@@ -487,53 +481,18 @@ impl Auth {
     /// the caller is an admin (etcd 3.5's checkLeaseLeases).
     pub async fn authorize_lease_leases<B: Backend>(
         &self,
-        metadata: &MetadataMap,
+        caller: &Caller,
         store: &Store<B>,
-    ) -> Result<(), Status> {
-        let caller = self.require_user(metadata)?;
+    ) -> Result<(), AuthError> {
+        self.require_user(caller)?;
         let state = self.state();
         if state.admin_permitted(caller.user()).is_ok() {
             return Ok(());
         }
         for lease in store.leases().await?.leases {
-            self.check_lease_keys(&caller, lease.id, Access::Read, store)
+            self.check_lease_keys(caller, lease.id, Access::Read, store)
                 .await?;
         }
         Ok(())
     }
-
-    /// The reason a watch on `[key, range_end)` is refused, if it is: the
-    /// text of the gRPC error, as etcd puts it in cancel_reason. The range is
-    /// checked as the client sent it ("\0" means every key from `key` on).
-    pub fn watch_refusal(
-        &self,
-        caller: &Result<Caller, Status>,
-        key: &[u8],
-        range_end: &[u8],
-    ) -> Option<String> {
-        let result = match caller {
-            Err(status) => Err(status.clone()),
-            Ok(caller) => self
-                .permitted(caller, Access::Read, key, range_end)
-                .map_err(Status::from),
-        };
-        result.err().map(|status| {
-            let status = match status.code() {
-                Code::Unauthenticated | Code::InvalidArgument => status,
-                _ => Status::from(AuthError::PermissionDenied),
-            };
-            grpc_error_text(&status)
-        })
-    }
-}
-
-/// A gRPC error as grpc-go prints it, the form etcd's cancel reasons take.
-fn grpc_error_text(status: &Status) -> String {
-    let code = match status.code() {
-        Code::Unauthenticated => "Unauthenticated",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::PermissionDenied => "PermissionDenied",
-        other => return format!("rpc error: code = {other:?} desc = {}", status.message()),
-    };
-    format!("rpc error: code = {code} desc = {}", status.message())
 }
