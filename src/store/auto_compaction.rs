@@ -37,9 +37,6 @@ pub enum AutoCompaction {
     },
 }
 
-/// etcd's revision-mode check interval.
-pub const REVISION_INTERVAL: Duration = Duration::from_secs(5 * 60);
-
 /// Parses `--auto-compaction-retention` for `mode` as etcd 3.5 does: a
 /// non-negative integer is hours (periodic) or revisions (revision);
 /// anything else must be a Go duration such as `30m` or `1h30m`, which in
@@ -227,7 +224,7 @@ async fn by_revision<B: Backend>(
 mod tests {
     use super::*;
 
-    const FIVE_MIN: Duration = REVISION_INTERVAL;
+    const FIVE_MIN: Duration = Duration::from_secs(5 * 60);
 
     #[test]
     fn retention_parses_as_etcd() {

@@ -33,7 +33,6 @@ pub use self::auto_compaction::AutoCompaction;
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::publisher::Publisher;
-pub use self::settings::AuthRecords;
 pub(crate) use self::settings::read_auth_flags;
 use self::writer::{Queued, WriteRequest, WriteResponse};
 use crate::backend::{AlarmRow, Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
@@ -170,7 +169,8 @@ pub struct Store<B: Backend> {
 }
 
 impl<B: Backend> Store<B> {
-    /// Opens the store on `backend` with default options.
+    /// Opens the store on `backend` with default options (tests).
+    #[cfg(test)]
     pub async fn open(backend: B) -> anyhow::Result<Self> {
         Self::open_with(backend, StoreOptions::default()).await
     }
