@@ -9,6 +9,10 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::txn::TxnConn;
+use crate::backend::rows::{
+    Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
+    log_entry_from_row, revisions_from_row,
+};
 use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
@@ -107,32 +111,17 @@ fn count_sql(at: ReadAt, bounded: bool) -> &'static str {
     &COUNT_SQL[usize::from(history) * 2 + usize::from(bounded)]
 }
 
-fn kv_from_row(row: &Row) -> BackendResult<KeyValue> {
-    Ok(KeyValue {
-        key: row.try_get(0)?,
-        value: row.try_get(1)?,
-        create_revision: row.try_get(2)?,
-        mod_revision: row.try_get(3)?,
-        version: row.try_get(4)?,
-        lease: row.try_get(5)?,
-    })
-}
+impl Columns for Row {
+    type Error = tokio_postgres::Error;
 
-fn lease_from_row(row: &Row) -> BackendResult<LeaseRow> {
-    Ok(LeaseRow {
-        id: row.try_get(0)?,
-        ttl: row.try_get(1)?,
-        expires_at: row.try_get(2)?,
-    })
+    fn column<T: Column>(&self, index: usize) -> Result<T, tokio_postgres::Error> {
+        self.try_get(index)
+    }
 }
 
 pub(super) fn revisions_from(rows: &[Row]) -> BackendResult<Revisions> {
     let row = rows.first().context("the meta row is missing")?;
-    Ok(Revisions {
-        current: row.try_get(0)?,
-        compact: row.try_get(1)?,
-        compacted_through: row.try_get(2)?,
-    })
+    Ok(revisions_from_row(row)?)
 }
 
 /// `limit` as SQL: NULL (no limit) for 0.
@@ -169,7 +158,7 @@ impl TxnConn {
         params.push(&limit);
         let sql = range_sql(at, range.end.is_some(), keys_only);
         let rows = self.query(sql, &params).await?;
-        let kvs: Vec<KeyValue> = rows.iter().map(kv_from_row).collect::<BackendResult<_>>()?;
+        let kvs: Vec<KeyValue> = rows.iter().map(kv_from_row).collect::<Result<_, _>>()?;
         if !kvs.is_sorted_by(|a, b| a.key < b.key) {
             bail!("Postgres returned a range out of key order");
         }
@@ -207,15 +196,10 @@ impl TxnConn {
                 &[&after, &through],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LogEntry {
-                    kv: kv_from_row(row)?,
-                    sub: row.try_get(6)?,
-                    deleted: row.try_get(7)?,
-                })
-            })
-            .collect()
+        Ok(rows
+            .iter()
+            .map(log_entry_from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
@@ -235,7 +219,7 @@ impl TxnConn {
                 &[&id],
             )
             .await?;
-        rows.first().map(lease_from_row).transpose()
+        Ok(rows.first().map(lease_from_row).transpose()?)
     }
 
     pub(super) async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
@@ -245,14 +229,7 @@ impl TxnConn {
                 &[],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(AlarmRow {
-                    member_id: row.try_get(0)?,
-                    alarm: row.try_get(1)?,
-                })
-            })
-            .collect()
+        Ok(rows.iter().map(alarm_from_row).collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
@@ -262,7 +239,7 @@ impl TxnConn {
                 &[],
             )
             .await?;
-        rows.iter().map(lease_from_row).collect()
+        Ok(rows.iter().map(lease_from_row).collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn expired_leases(
@@ -290,7 +267,7 @@ impl TxnConn {
                 &[&id],
             )
             .await?;
-        rows.iter().map(kv_from_row).collect()
+        Ok(rows.iter().map(kv_from_row).collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn auth_records(
@@ -303,9 +280,10 @@ impl TxnConn {
                 &[&kind.as_str()],
             )
             .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect()
+        Ok(rows
+            .iter()
+            .map(auth_record_from_row)
+            .collect::<Result<_, _>>()?)
     }
 }
 

@@ -4,8 +4,20 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, ToSql, params};
 
+use crate::backend::rows::{
+    Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
+    log_entry_from_row, revisions_from_row,
+};
 use crate::backend::{AlarmRow, AuthKind, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
+
+impl Columns for Row<'_> {
+    type Error = rusqlite::Error;
+
+    fn column<T: Column>(&self, index: usize) -> rusqlite::Result<T> {
+        self.get(index)
+    }
+}
 
 // Range queries come in two shapes, with and without an upper bound, so that
 // SQLite can always use the key index for both ends.
@@ -40,17 +52,6 @@ const HISTORY_COUNT_FROM: &str = "SELECT COUNT(*) FROM log AS l \
      WHERE key >= ?1 AND revision <= ?3 AND deleted = 0 \
      AND (revision, sub) = (SELECT revision, sub FROM log WHERE key = l.key AND revision <= ?3 \
                             ORDER BY revision DESC, sub DESC LIMIT 1)";
-
-fn kv_from_row(row: &Row<'_>) -> rusqlite::Result<KeyValue> {
-    Ok(KeyValue {
-        key: row.get(0)?,
-        value: row.get(1)?,
-        create_revision: row.get(2)?,
-        mod_revision: row.get(3)?,
-        version: row.get(4)?,
-        lease: row.get(5)?,
-    })
-}
 
 /// Runs one of the range or count statements. Parameters are, in order,
 /// start, end, then `extra`; each statement uses a prefix of that list.
@@ -116,7 +117,7 @@ pub(super) fn query_range(
             } else {
                 CURRENT_RANGE_FROM
             };
-            query_keys(conn, sql, range, &[&limit], capacity, kv_from_row)
+            query_keys(conn, sql, range, &[&limit], capacity, |r| kv_from_row(r))
         }
         ReadAt::Revision(rev) => {
             let sql = if range.end.is_some() {
@@ -124,7 +125,9 @@ pub(super) fn query_range(
             } else {
                 HISTORY_RANGE_FROM
             };
-            query_keys(conn, sql, range, &[&limit, &rev], capacity, kv_from_row)
+            query_keys(conn, sql, range, &[&limit, &rev], capacity, |r| {
+                kv_from_row(r)
+            })
         }
     }
 }
@@ -163,16 +166,12 @@ pub(super) fn query_count(
 /// compaction removing the log's last rows never takes revisions back.
 pub(super) fn query_revisions(conn: &Connection) -> rusqlite::Result<(Revisions, Revisions)> {
     conn.prepare_cached(
-        "SELECT revision, (SELECT MAX(revision) FROM log), compact_revision, compacted_through \
+        "SELECT revision, compact_revision, compacted_through, (SELECT MAX(revision) FROM log) \
          FROM meta",
     )?
     .query_row([], |r| {
-        let meta = Revisions {
-            current: r.get(0)?,
-            compact: r.get(2)?,
-            compacted_through: r.get(3)?,
-        };
-        let logged: Option<i64> = r.get(1)?;
+        let meta = revisions_from_row(r)?;
+        let logged: Option<i64> = r.get(3)?;
         let revisions = Revisions {
             current: meta.current.max(logged.unwrap_or(0)),
             ..meta
@@ -190,33 +189,19 @@ pub(super) fn query_log(
         "SELECT key, value, create_revision, revision, version, lease, sub, deleted \
          FROM log WHERE revision > ?1 AND revision <= ?2 ORDER BY revision, sub",
     )?;
-    let rows = stmt.query_map(params![after, through], |row| {
-        Ok(LogEntry {
-            kv: kv_from_row(row)?,
-            sub: row.get(6)?,
-            deleted: row.get(7)?,
-        })
-    })?;
+    let rows = stmt.query_map(params![after, through], |row| log_entry_from_row(row))?;
     rows.collect()
-}
-
-fn lease_from_row(row: &Row<'_>) -> rusqlite::Result<LeaseRow> {
-    Ok(LeaseRow {
-        id: row.get(0)?,
-        ttl: row.get(1)?,
-        expires_at: row.get(2)?,
-    })
 }
 
 pub(super) fn query_lease(conn: &Connection, id: i64) -> rusqlite::Result<Option<LeaseRow>> {
     conn.prepare_cached("SELECT id, ttl, expires_at FROM lease WHERE id = ?1")?
-        .query_row([id], lease_from_row)
+        .query_row([id], |r| lease_from_row(r))
         .optional()
 }
 
 pub(super) fn query_leases(conn: &Connection) -> rusqlite::Result<Vec<LeaseRow>> {
     conn.prepare_cached("SELECT id, ttl, expires_at FROM lease ORDER BY expires_at, id")?
-        .query_map([], lease_from_row)?
+        .query_map([], |r| lease_from_row(r))?
         .collect()
 }
 
@@ -232,12 +217,7 @@ pub(super) fn query_expired_leases(
 
 pub(super) fn query_alarms(conn: &Connection) -> rusqlite::Result<Vec<AlarmRow>> {
     conn.prepare_cached("SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm")?
-        .query_map([], |r| {
-            Ok(AlarmRow {
-                member_id: r.get(0)?,
-                alarm: r.get(1)?,
-            })
-        })?
+        .query_map([], |r| alarm_from_row(r))?
         .collect()
 }
 
@@ -247,7 +227,7 @@ pub(super) fn query_lease_keys(conn: &Connection, id: i64) -> rusqlite::Result<V
         "SELECT key, value, create_revision, mod_revision, version, lease \
          FROM kv WHERE lease = ?1 AND lease != 0 ORDER BY key",
     )?
-    .query_map([id], kv_from_row)?
+    .query_map([id], |r| kv_from_row(r))?
     .collect()
 }
 
@@ -262,6 +242,6 @@ pub(super) fn query_auth_records(
     kind: AuthKind,
 ) -> rusqlite::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     conn.prepare_cached("SELECT name, record FROM auth WHERE kind = ?1 ORDER BY name")?
-        .query_map([kind.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([kind.as_str()], |r| auth_record_from_row(r))?
         .collect()
 }
