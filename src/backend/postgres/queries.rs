@@ -129,6 +129,19 @@ fn sql_limit(limit: usize) -> Option<i64> {
     (limit > 0).then(|| i64::try_from(limit).unwrap_or(i64::MAX))
 }
 
+/// The parameters a range and a count statement begin with: start, end if
+/// bounded, then the revision of a historical read.
+fn key_params<'a>(range: &'a KeyRange, at: &'a ReadAt) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
+    if let Some(end) = &range.end {
+        params.push(end);
+    }
+    if let ReadAt::Revision(revision) = at {
+        params.push(revision);
+    }
+    params
+}
+
 /// The read queries, shared by read and write transactions.
 impl TxnConn {
     pub(super) async fn revisions(&mut self) -> BackendResult<Revisions> {
@@ -144,17 +157,7 @@ impl TxnConn {
         keys_only: bool,
     ) -> BackendResult<Vec<KeyValue>> {
         let limit = sql_limit(limit);
-        let revision = match at {
-            ReadAt::Current => None,
-            ReadAt::Revision(revision) => Some(revision),
-        };
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
-        if let Some(end) = &range.end {
-            params.push(end);
-        }
-        if let Some(revision) = &revision {
-            params.push(revision);
-        }
+        let mut params = key_params(range, &at);
         params.push(&limit);
         let sql = range_sql(at, range.end.is_some(), keys_only);
         let rows = self.query(sql, &params).await?;
@@ -166,17 +169,7 @@ impl TxnConn {
     }
 
     pub(super) async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
-        let revision = match at {
-            ReadAt::Current => None,
-            ReadAt::Revision(revision) => Some(revision),
-        };
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
-        if let Some(end) = &range.end {
-            params.push(end);
-        }
-        if let Some(revision) = &revision {
-            params.push(revision);
-        }
+        let params = key_params(range, &at);
         let rows = self
             .query(count_sql(at, range.end.is_some()), &params)
             .await?;
