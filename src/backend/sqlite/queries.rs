@@ -11,6 +11,8 @@ use crate::backend::rows::{
 use crate::backend::{AlarmRow, AuthKind, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
+// rusqlite's row callbacks must accept a `Row` of any lifetime, which a
+// generic decoder named by itself cannot: so they are wrapped in closures.
 impl Columns for Row<'_> {
     type Error = rusqlite::Error;
 
