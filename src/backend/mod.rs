@@ -12,6 +12,7 @@ pub mod datastore;
 pub mod mysql;
 pub mod open;
 pub mod postgres;
+mod rows;
 pub mod settings;
 pub mod snapshot;
 pub mod sqlite;

@@ -7,6 +7,10 @@ use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Params, Row, Value, from_row_opt};
 
 use super::db_error;
+use crate::backend::rows::{
+    Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
+    log_entry_from_row, revisions_from_row,
+};
 use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
@@ -38,18 +42,27 @@ pub(super) async fn execute(
         .with_context(|| format!("MySQL statement failed: {sql}"))
 }
 
-/// Columns of a `KeyValue`, as the range queries return them.
-type KvRow = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+impl Columns for Row {
+    type Error = anyhow::Error;
 
-fn kv_from_row((key, value, create_revision, mod_revision, version, lease): KvRow) -> KeyValue {
-    KeyValue {
-        key,
-        value,
-        create_revision,
-        mod_revision,
-        version,
-        lease,
+    fn column<T: Column>(&self, index: usize) -> BackendResult<T> {
+        self.get_opt(index)
+            .ok_or_else(|| anyhow!("the row has no column {index}"))?
+            .map_err(|e| anyhow!("unexpected value in column {index}: {e}"))
     }
+}
+
+/// Runs a prepared statement and decodes every row with `decode`.
+async fn select_with<T>(
+    conn: &mut Conn,
+    sql: &str,
+    params: impl Into<Params> + Send,
+    decode: impl Fn(&Row) -> BackendResult<T>,
+) -> BackendResult<Vec<T>> {
+    let rows: Vec<Row> = select(conn, sql, params).await?;
+    rows.iter()
+        .map(|row| decode(row).with_context(|| format!("unexpected row from {sql}")))
+        .collect()
 }
 
 /// LIMIT for "no limit": MySQL has no LIMIT ALL.
@@ -117,8 +130,13 @@ pub(super) async fn query_range(
 ) -> BackendResult<Vec<KeyValue>> {
     let limit = if limit == 0 { NO_LIMIT } else { limit as u64 };
     let sql = range_sql(at, range.end.is_some(), false, keys_only);
-    let rows: Vec<KvRow> = select(conn, &sql, range_params(range, at, Some(limit))).await?;
-    Ok(rows.into_iter().map(kv_from_row).collect())
+    select_with(
+        conn,
+        &sql,
+        range_params(range, at, Some(limit)),
+        kv_from_row,
+    )
+    .await
 }
 
 pub(super) async fn query_count(
@@ -137,16 +155,11 @@ pub(super) async fn query_revisions(conn: &mut Conn, for_update: bool) -> Backen
     } else {
         "SELECT revision, compact_revision, compacted_through FROM meta WHERE id = 1"
     };
-    let rows: Vec<(i64, i64, i64)> = select(conn, sql, ()).await?;
-    let (current, compact, compacted_through) = rows
-        .first()
-        .copied()
-        .ok_or_else(|| anyhow!("the meta table has no row"))?;
-    Ok(Revisions {
-        current,
-        compact,
-        compacted_through,
-    })
+    select_with(conn, sql, (), revisions_from_row)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("the meta table has no row"))
 }
 
 pub(super) async fn query_log(
@@ -154,24 +167,14 @@ pub(super) async fn query_log(
     after: i64,
     through: i64,
 ) -> BackendResult<Vec<LogEntry>> {
-    type LogRow = (Vec<u8>, Vec<u8>, i64, i64, i64, i64, i64, i64);
-    let rows: Vec<LogRow> = select(
+    select_with(
         conn,
         "SELECT `key`, value, create_revision, revision, version, lease, sub, deleted \
          FROM log WHERE revision > ? AND revision <= ? ORDER BY revision, sub",
         (after, through),
+        log_entry_from_row,
     )
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(key, value, create, revision, version, lease, sub, deleted)| LogEntry {
-                kv: kv_from_row((key, value, create, revision, version, lease)),
-                sub,
-                deleted: deleted != 0,
-            },
-        )
-        .collect())
+    .await
 }
 
 pub(super) async fn query_setting(conn: &mut Conn, name: &str) -> BackendResult<Option<i64>> {
@@ -180,45 +183,35 @@ pub(super) async fn query_setting(conn: &mut Conn, name: &str) -> BackendResult<
     Ok(rows.first().map(|r| r.0))
 }
 
-fn lease_from_row((id, ttl, expires_at): (i64, i64, i64)) -> LeaseRow {
-    LeaseRow {
-        id,
-        ttl,
-        expires_at,
-    }
-}
-
 pub(super) async fn query_lease(conn: &mut Conn, id: i64) -> BackendResult<Option<LeaseRow>> {
-    let rows = select(
+    let leases = select_with(
         conn,
         "SELECT id, ttl, expires_at FROM lease WHERE id = ?",
         (id,),
+        lease_from_row,
     )
     .await?;
-    Ok(rows.into_iter().next().map(lease_from_row))
+    Ok(leases.into_iter().next())
 }
 
 pub(super) async fn query_leases(conn: &mut Conn) -> BackendResult<Vec<LeaseRow>> {
-    let rows = select(
+    select_with(
         conn,
         "SELECT id, ttl, expires_at FROM lease ORDER BY expires_at, id",
         (),
+        lease_from_row,
     )
-    .await?;
-    Ok(rows.into_iter().map(lease_from_row).collect())
+    .await
 }
 
 pub(super) async fn query_alarms(conn: &mut Conn) -> BackendResult<Vec<AlarmRow>> {
-    let rows: Vec<(i64, i32)> = select(
+    select_with(
         conn,
         "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm",
         (),
+        alarm_from_row,
     )
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(member_id, alarm)| AlarmRow { member_id, alarm })
-        .collect())
+    .await
 }
 
 pub(super) async fn query_expired_leases(
@@ -236,24 +229,25 @@ pub(super) async fn query_expired_leases(
 }
 
 pub(super) async fn query_lease_keys(conn: &mut Conn, id: i64) -> BackendResult<Vec<KeyValue>> {
-    let rows: Vec<KvRow> = select(
+    select_with(
         conn,
         "SELECT `key`, value, create_revision, mod_revision, version, lease \
          FROM kv WHERE lease = ? ORDER BY `key`",
         (id,),
+        kv_from_row,
     )
-    .await?;
-    Ok(rows.into_iter().map(kv_from_row).collect())
+    .await
 }
 
 pub(super) async fn query_auth_records(
     conn: &mut Conn,
     kind: crate::backend::AuthKind,
 ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
-    select(
+    select_with(
         conn,
         "SELECT name, record FROM auth WHERE kind = ? ORDER BY name",
         (kind.as_str(),),
+        auth_record_from_row,
     )
     .await
 }

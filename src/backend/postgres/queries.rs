@@ -9,6 +9,10 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::txn::TxnConn;
+use crate::backend::rows::{
+    Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
+    log_entry_from_row, revisions_from_row,
+};
 use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
@@ -107,37 +111,35 @@ fn count_sql(at: ReadAt, bounded: bool) -> &'static str {
     &COUNT_SQL[usize::from(history) * 2 + usize::from(bounded)]
 }
 
-fn kv_from_row(row: &Row) -> BackendResult<KeyValue> {
-    Ok(KeyValue {
-        key: row.try_get(0)?,
-        value: row.try_get(1)?,
-        create_revision: row.try_get(2)?,
-        mod_revision: row.try_get(3)?,
-        version: row.try_get(4)?,
-        lease: row.try_get(5)?,
-    })
-}
+impl Columns for Row {
+    type Error = tokio_postgres::Error;
 
-fn lease_from_row(row: &Row) -> BackendResult<LeaseRow> {
-    Ok(LeaseRow {
-        id: row.try_get(0)?,
-        ttl: row.try_get(1)?,
-        expires_at: row.try_get(2)?,
-    })
+    fn column<T: Column>(&self, index: usize) -> Result<T, tokio_postgres::Error> {
+        self.try_get(index)
+    }
 }
 
 pub(super) fn revisions_from(rows: &[Row]) -> BackendResult<Revisions> {
     let row = rows.first().context("the meta row is missing")?;
-    Ok(Revisions {
-        current: row.try_get(0)?,
-        compact: row.try_get(1)?,
-        compacted_through: row.try_get(2)?,
-    })
+    Ok(revisions_from_row(row)?)
 }
 
 /// `limit` as SQL: NULL (no limit) for 0.
 fn sql_limit(limit: usize) -> Option<i64> {
     (limit > 0).then(|| i64::try_from(limit).unwrap_or(i64::MAX))
+}
+
+/// The parameters a range and a count statement begin with: start, end if
+/// bounded, then the revision of a historical read.
+fn key_params<'a>(range: &'a KeyRange, at: &'a ReadAt) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
+    if let Some(end) = &range.end {
+        params.push(end);
+    }
+    if let ReadAt::Revision(revision) = at {
+        params.push(revision);
+    }
+    params
 }
 
 /// The read queries, shared by read and write transactions.
@@ -155,21 +157,11 @@ impl TxnConn {
         keys_only: bool,
     ) -> BackendResult<Vec<KeyValue>> {
         let limit = sql_limit(limit);
-        let revision = match at {
-            ReadAt::Current => None,
-            ReadAt::Revision(revision) => Some(revision),
-        };
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
-        if let Some(end) = &range.end {
-            params.push(end);
-        }
-        if let Some(revision) = &revision {
-            params.push(revision);
-        }
+        let mut params = key_params(range, &at);
         params.push(&limit);
         let sql = range_sql(at, range.end.is_some(), keys_only);
         let rows = self.query(sql, &params).await?;
-        let kvs: Vec<KeyValue> = rows.iter().map(kv_from_row).collect::<BackendResult<_>>()?;
+        let kvs: Vec<KeyValue> = rows.iter().map(kv_from_row).collect::<Result<_, _>>()?;
         if !kvs.is_sorted_by(|a, b| a.key < b.key) {
             bail!("Postgres returned a range out of key order");
         }
@@ -177,17 +169,7 @@ impl TxnConn {
     }
 
     pub(super) async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
-        let revision = match at {
-            ReadAt::Current => None,
-            ReadAt::Revision(revision) => Some(revision),
-        };
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
-        if let Some(end) = &range.end {
-            params.push(end);
-        }
-        if let Some(revision) = &revision {
-            params.push(revision);
-        }
+        let params = key_params(range, &at);
         let rows = self
             .query(count_sql(at, range.end.is_some()), &params)
             .await?;
@@ -207,15 +189,10 @@ impl TxnConn {
                 &[&after, &through],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LogEntry {
-                    kv: kv_from_row(row)?,
-                    sub: row.try_get(6)?,
-                    deleted: row.try_get(7)?,
-                })
-            })
-            .collect()
+        Ok(rows
+            .iter()
+            .map(log_entry_from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
@@ -235,7 +212,7 @@ impl TxnConn {
                 &[&id],
             )
             .await?;
-        rows.first().map(lease_from_row).transpose()
+        Ok(rows.first().map(lease_from_row).transpose()?)
     }
 
     pub(super) async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
@@ -245,14 +222,7 @@ impl TxnConn {
                 &[],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(AlarmRow {
-                    member_id: row.try_get(0)?,
-                    alarm: row.try_get(1)?,
-                })
-            })
-            .collect()
+        Ok(rows.iter().map(alarm_from_row).collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
@@ -262,7 +232,7 @@ impl TxnConn {
                 &[],
             )
             .await?;
-        rows.iter().map(lease_from_row).collect()
+        Ok(rows.iter().map(lease_from_row).collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn expired_leases(
@@ -290,7 +260,7 @@ impl TxnConn {
                 &[&id],
             )
             .await?;
-        rows.iter().map(kv_from_row).collect()
+        Ok(rows.iter().map(kv_from_row).collect::<Result<_, _>>()?)
     }
 
     pub(super) async fn auth_records(
@@ -303,9 +273,10 @@ impl TxnConn {
                 &[&kind.as_str()],
             )
             .await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect()
+        Ok(rows
+            .iter()
+            .map(auth_record_from_row)
+            .collect::<Result<_, _>>()?)
     }
 }
 

@@ -187,19 +187,25 @@ pub(super) fn rustls_connector(plan: &TlsPlan) -> anyhow::Result<MakeRustlsConne
     let builder = match plan.verify {
         Verify::Full => builder.with_root_certificates(root_store(plan.ca.as_deref())?),
         Verify::Chain => {
-            let inner = WebPkiServerVerifier::builder_with_provider(
+            let chain = WebPkiServerVerifier::builder_with_provider(
                 Arc::new(root_store(plan.ca.as_deref())?),
-                provider,
+                provider.clone(),
             )
             .build()
             .context("cannot set up TLS certificate verification")?;
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+                .with_custom_certificate_verifier(Arc::new(Lenient {
+                    chain: Some(chain),
+                    provider,
+                }))
         }
         Verify::Nothing => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider))),
+            .with_custom_certificate_verifier(Arc::new(Lenient {
+                chain: None,
+                provider,
+            })),
     };
     let mut config = match &plan.client {
         Some((cert, key)) => {
@@ -216,11 +222,18 @@ pub(super) fn rustls_connector(plan: &TlsPlan) -> anyhow::Result<MakeRustlsConne
     Ok(MakeRustlsConnect::new(config))
 }
 
-/// `verify-ca`: the chain must be trusted, the name may differ.
+/// The verifier of the modes that check less than rustls would: `verify-ca`
+/// (the chain must be trusted, the name may differ) and libpq's `require`
+/// without a CA (encrypted, certificate not checked). The handshake
+/// signatures are verified either way, so the session key is the server's.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct Lenient {
+    /// The chain's verifier for `verify-ca`; `None` for `require`.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -229,10 +242,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -240,46 +253,7 @@ impl ServerCertVerifier for ChainOnly {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// libpq's `require` without a CA: encrypted, certificate not checked. The
-/// handshake signatures are still verified, so the session key is the server's.
-#[derive(Debug)]
-struct EncryptOnly(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
+    // As WebPkiServerVerifier checks them, with the same provider's algorithms.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
@@ -290,7 +264,7 @@ impl ServerCertVerifier for EncryptOnly {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -304,12 +278,14 @@ impl ServerCertVerifier for EncryptOnly {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

@@ -1,0 +1,437 @@
+//! The embedded SQLite backend (rusqlite with a bundled SQLite).
+//!
+//! One connection writes, a small pool of connections reads. WAL mode lets
+//! readers run beside the writer, each on a consistent snapshot. SQLite calls
+//! are short and run inline on the async task that makes them.
+//!
+//! The code is split by concern: this file opens the database (its lock
+//! file, connections, migrations) and implements `Backend`; `txn` holds the
+//! transactions and their writes, `queries` the statements they read with,
+//! and `checkpointer` moves the WAL into the database file on its own thread.
+
+mod checkpointer;
+mod queries;
+mod txn;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use rusqlite::{Connection, OpenFlags};
+
+use self::checkpointer::Checkpointer;
+pub use self::txn::{SqliteRead, SqliteWrite};
+use super::{Backend, BackendResult, DatabaseSize};
+
+mod migrations {
+    refinery::embed_migrations!("migrations/sqlite");
+}
+
+/// Read connections kept open for reuse; more are opened on demand.
+const MAX_IDLE_READERS: usize = 16;
+
+/// A store kept in one SQLite database file.
+pub struct Sqlite {
+    path: PathBuf,
+    writer: Arc<tokio::sync::Mutex<Connection>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    checkpointer: Arc<Checkpointer>,
+    /// The lock file, held while the database is open; last, so that it is
+    /// released only after the writer has closed.
+    _lock: Option<std::fs::File>,
+}
+
+impl Sqlite {
+    /// Opens (creating if needed) the database at `path` and brings its schema
+    /// up to date. Refuses a database another process (or another `Sqlite`)
+    /// has open: two servers on one file would share a member id and never
+    /// see each other's writes.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        Self::open_locked(path, true)
+    }
+
+    /// As `open`, without the lock file: for a new file only its creator
+    /// knows of (a snapshot being built), which would leave lock files behind.
+    pub fn open_scratch(path: &Path) -> anyhow::Result<Self> {
+        Self::open_locked(path, false)
+    }
+
+    fn open_locked(path: &Path, lock: bool) -> anyhow::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create directory {}", dir.display()))?;
+        }
+        let lock = if lock {
+            Some(lock_database(path)?)
+        } else {
+            None
+        };
+        let mut writer = open_connection(path, false)
+            .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+        migrations::migrations::runner()
+            .run(&mut writer)
+            .context("cannot apply SQLite migrations")?;
+        checkpointer::watch_wal(&writer);
+        Ok(Sqlite {
+            path: path.to_path_buf(),
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+            checkpointer: Arc::new(Checkpointer::start(path)?),
+            _lock: lock,
+        })
+    }
+
+    /// Readies the writer for one very large transaction (a restore or a
+    /// snapshot being built): a page cache big enough that SQLite rarely
+    /// spills pages to the WAL and reads them back. With `scratch` (a file
+    /// nobody else uses, thrown away if anything fails) it also drops the
+    /// journal and the fsyncs; `finish_scratch` makes such a file
+    /// self-contained again.
+    pub async fn prepare_bulk_load(&self, scratch: bool) -> anyhow::Result<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "cache_size", BULK_LOAD_CACHE_KIB)?;
+        if scratch {
+            conn.pragma_update(None, "journal_mode", "OFF")?;
+            conn.pragma_update(None, "synchronous", "OFF")?;
+        }
+        Ok(())
+    }
+
+    /// Ends a scratch file's bulk load: rollback-journal mode (not WAL), so
+    /// that the file alone is the whole database.
+    pub async fn finish_scratch(&self) -> anyhow::Result<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "journal_mode", "DELETE")?;
+        Ok(())
+    }
+
+    /// Opens a snapshot file (see `crate::backend::snapshot`) for reading without
+    /// changing it: immutable, so SQLite takes no locks and writes no journal,
+    /// and bytes after the database (the checksum trailer) are ignored.
+    /// Refuses a file whose schema is newer than this build's.
+    pub fn read_snapshot_file(path: &Path) -> anyhow::Result<SqliteRead> {
+        const PATH_SET: &percent_encoding::AsciiSet =
+            &percent_encoding::CONTROLS.add(b'%').add(b'?').add(b'#');
+        let uri = format!(
+            "file:{}?immutable=1",
+            percent_encoding::utf8_percent_encode(&path.to_string_lossy(), PATH_SET)
+        );
+        let conn = Connection::open_with_flags(
+            uri,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        let version: Option<i64> = conn
+            .query_row(
+                "SELECT MAX(version) FROM refinery_schema_history",
+                [],
+                |r| r.get(0),
+            )
+            .context("not a cetera snapshot: it has no cetera schema")?;
+        let supported = migrations::migrations::runner()
+            .get_migrations()
+            .iter()
+            .map(|m| i64::from(m.version()))
+            .max()
+            .unwrap_or(0);
+        if version.unwrap_or(0) > supported {
+            anyhow::bail!(
+                "the snapshot has schema version {}, newer than this cetera's {supported}",
+                version.unwrap_or(0)
+            );
+        }
+        conn.execute_batch("BEGIN")?;
+        Ok(SqliteRead {
+            conn: Some(conn),
+            pool: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// Moves the whole WAL into the database file and empties the WAL, so
+    /// that the file alone holds the store (a copy of it is a full backup).
+    /// Called when the store closes, after the checkpoint thread stopped.
+    fn checkpoint_to_file(conn: &Connection) -> rusqlite::Result<()> {
+        // Only a reader that outlived the store can be in the way: wait for
+        // it briefly, not the writer's 30 s, at shutdown.
+        conn.busy_timeout(Duration::from_secs(1))?;
+        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+        if busy != 0 {
+            tracing::warn!("the final WAL checkpoint was blocked by a reader; the WAL is kept");
+        }
+        Ok(())
+    }
+
+    fn take_reader(&self) -> BackendResult<Connection> {
+        let idle = self.readers.lock().expect("reader pool poisoned").pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => Ok(open_connection(&self.path, true)?),
+        }
+    }
+}
+
+/// Takes the exclusive lock on `PATH.lock`, held until the returned file is
+/// closed (by the kernel too, when the process dies, even by SIGKILL). A file
+/// of its own: closing any descriptor of the database file itself would drop
+/// SQLite's POSIX locks on it. It holds the holder's pid, for the error.
+fn lock_database(path: &Path) -> anyhow::Result<std::fs::File> {
+    use std::io::Write;
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open lock file {}", lock_path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            let holder = match holder.trim() {
+                "" => String::new(),
+                pid => format!(" (pid {pid})"),
+            };
+            anyhow::bail!(
+                "SQLite database {} is in use by another cetera process{holder}: it holds \
+                 the lock file {}; stop that process first, or give this one a file of its own",
+                path.display(),
+                lock_path.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(error)) => {
+            return Err(error).with_context(|| format!("cannot lock {}", lock_path.display()));
+        }
+    }
+    file.set_len(0)?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+impl Drop for Sqlite {
+    /// Leaves the database file whole. SQLite does that itself only when the
+    /// last connection to close can write, and here the last were the
+    /// read-only readers (and the checkpoint thread's, not joined): so the
+    /// other connections go first, then the writer empties the WAL, and its
+    /// own close, the last one, removes it.
+    fn drop(&mut self) {
+        if let Some(checkpointer) = Arc::get_mut(&mut self.checkpointer) {
+            checkpointer.stop();
+        }
+        self.readers.lock().expect("reader pool poisoned").clear();
+        match self.writer.try_lock() {
+            Ok(conn) => {
+                if let Err(error) = Self::checkpoint_to_file(&conn) {
+                    tracing::warn!("the final WAL checkpoint failed: {error}");
+                }
+            }
+            Err(_) => tracing::warn!("a write is still open at close; the WAL is kept"),
+        }
+    }
+}
+
+/// Opens a connection with the settings every cetera connection uses.
+fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(Duration::from_secs(30))?;
+    if !read_only {
+        // Takes effect only in a database without tables yet (a new one),
+        // so that Defragment can shrink the file without a full VACUUM.
+        conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
+    }
+    // WAL lets readers work beside the writer. synchronous=FULL fsyncs the WAL
+    // on every commit, so an acknowledged write survives power loss, not only
+    // a crash of the process; group commit makes that one fsync per batch.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    // Plan once per statement: otherwise SQLite re-prepares a cached statement
+    // whenever a bound LIMIT changes, which is nearly every Range.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    Ok(conn)
+}
+
+impl Backend for Sqlite {
+    type Read = SqliteRead;
+    type Write = SqliteWrite;
+
+    async fn read(&self) -> BackendResult<SqliteRead> {
+        let conn = self.take_reader()?;
+        // Cached, as every read begins and ends this way: parsing BEGIN and
+        // ROLLBACK each time is a visible part of a single-key read.
+        conn.prepare_cached("BEGIN")?.execute([])?;
+        Ok(SqliteRead {
+            conn: Some(conn),
+            pool: self.readers.clone(),
+        })
+    }
+
+    async fn write(&self) -> BackendResult<SqliteWrite> {
+        let conn = self.writer.clone().lock_owned().await;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(SqliteWrite {
+            conn,
+            checkpointer: self.checkpointer.clone(),
+            meta: None,
+            read_current: 0,
+            last_appended: 0,
+            committed: false,
+        })
+    }
+
+    fn works_on_calling_thread(&self) -> bool {
+        true
+    }
+
+    /// synchronous=NORMAL: in WAL mode a commit is then consistent after a
+    /// power loss but may be lost, and the WAL is synced only by
+    /// checkpoints and `make_durable`.
+    async fn defer_durability(&self) -> BackendResult<()> {
+        let conn = self.writer.lock().await;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(())
+    }
+
+    /// Syncs the WAL (every commit so far) and the database file.
+    async fn make_durable(&self) -> BackendResult<()> {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let files = [std::path::PathBuf::from(wal), self.path.clone()];
+        let synced = tokio::task::spawn_blocking(move || {
+            for file in files.iter().filter(|f| f.exists()) {
+                std::fs::File::open(file)?.sync_data()?;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .map_err(anyhow::Error::from)?;
+        synced.map_err(anyhow::Error::from)?;
+        Ok(())
+    }
+
+    async fn size(&self) -> BackendResult<DatabaseSize> {
+        let conn = self.take_reader()?;
+        let sizes = (|| -> rusqlite::Result<DatabaseSize> {
+            let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+            let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+            let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+            Ok(DatabaseSize {
+                total: page_size * pages,
+                in_use: page_size * (pages - free),
+            })
+        })();
+        return_reader(&self.readers, conn);
+        Ok(sizes?)
+    }
+
+    /// Shrinks the file by the free pages. Databases created by cetera use
+    /// auto_vacuum=INCREMENTAL, so `incremental_vacuum` just moves pages and
+    /// truncates; an older database is rebuilt by one VACUUM, which also
+    /// switches it to incremental for next time. Either holds the writer for
+    /// the duration, as etcd's defragmentation blocks writes. The checkpoint
+    /// then moves the result from the WAL into the database file.
+    async fn defragment(&self) -> BackendResult<()> {
+        let conn = self.writer.lock().await;
+        let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+        if mode == AUTO_VACUUM_INCREMENTAL {
+            // It frees one page per step, so it must be stepped to the end.
+            let mut vacuum = conn.prepare("PRAGMA incremental_vacuum")?;
+            let mut steps = vacuum.query([])?;
+            while steps.next()?.is_some() {}
+        } else {
+            conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
+            conn.execute_batch("VACUUM")?;
+        }
+        // Readers holding old snapshots can keep part of the WAL alive; the
+        // next checkpoint finishes the job, so a partial one is no error.
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
+
+/// Page cache of a bulk load, in KiB (a negative `cache_size` is KiB).
+const BULK_LOAD_CACHE_KIB: i64 = -65536;
+
+/// SQLite's `auto_vacuum` setting that lets `incremental_vacuum` shrink the file.
+const AUTO_VACUUM_INCREMENTAL: i64 = 2;
+
+fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
+    let mut idle = pool.lock().expect("reader pool poisoned");
+    if idle.len() < MAX_IDLE_READERS {
+        idle.push(conn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::conformance::TestStore;
+    use crate::store::Store;
+
+    async fn open() -> TestStore<Sqlite> {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Sqlite::open(&dir.path().join("state.db")).unwrap();
+        TestStore {
+            store: Store::open(backend).await.unwrap(),
+            guard: Box::new(dir),
+        }
+    }
+
+    crate::conformance_suite!(open);
+
+    pub(super) fn put(key: &str) -> crate::proto::etcdserverpb::PutRequest {
+        put_sized(key, 256)
+    }
+
+    fn put_sized(key: &str, value_bytes: usize) -> crate::proto::etcdserverpb::PutRequest {
+        crate::proto::etcdserverpb::PutRequest {
+            key: key.into(),
+            value: vec![7; value_bytes],
+            ..Default::default()
+        }
+    }
+
+    /// The checkpoint thread copies the WAL into the database file once it
+    /// passes `CHECKPOINT_PAGES`, without the writer doing it.
+    #[tokio::test]
+    async fn checkpoint_thread_moves_the_wal_into_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        let size = || std::fs::metadata(&path).unwrap().len();
+        let before = size();
+        // A 64 KiB value takes 16 pages in the log and 16 in the live-key
+        // table: this writes about 1.5 times the checkpoint threshold.
+        let value_bytes = 64 * 1024;
+        let puts = checkpointer::CHECKPOINT_PAGES as usize * 4096 * 3 / 2 / (2 * value_bytes);
+        for i in 0..puts {
+            store
+                .put(put_sized(&format!("key{i:05}"), value_bytes))
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while size() < before + (puts * value_bytes) as u64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint: the database file stayed at {} bytes",
+                size()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
