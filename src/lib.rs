@@ -13,7 +13,8 @@
 //! to the crate.
 //!
 //! - [`server`]: opens the datastore, builds the store, serves the gRPC
-//!   services until shutdown; client TLS and the gRPC metrics layer.
+//!   services until shutdown; client TLS, the gRPC metrics layer, and the
+//!   HTTP server for /metrics and the health endpoints.
 //! - [`config`]: the command line (etcd's and k3s's flag names); hands plain
 //!   values down.
 //! - `api`: one module per etcd service (KV, Watch, Lease, Maintenance,
@@ -24,7 +25,7 @@
 //! - `raft`: replicated mode, the store as openraft's state machine.
 //! - [`migrate`] and [`restore`]: the `cetera migrate` and `cetera restore`
 //!   commands.
-//! - `metrics`: the Prometheus registry and the HTTP health endpoints.
+//! - `metrics`: the Prometheus registry the layers count in.
 //! - `store`: etcd's semantics, written once: ranges, the writer, leases,
 //!   compaction, alarms, hashes, the watch hub.
 //! - [`backend`]: storage primitives per SQL dialect (SQLite, PostgreSQL,

@@ -6,8 +6,6 @@
 //! a new dialect is a new `Backend` and nothing else.
 
 pub mod changes;
-#[cfg(test)]
-pub mod conformance;
 pub mod datastore;
 pub mod mysql;
 pub mod open;

@@ -5,9 +5,8 @@
 //! One process-wide set (`metrics()`), so that the writer, the watch sessions
 //! and the gRPC layer can count without a handle passed down to them. Values
 //! that live in the database (revisions, size, active leases) are sampled when
-//! /metrics is scraped rather than tracked on every write; `http` serves them.
-
-pub mod http;
+//! /metrics is scraped rather than tracked on every write; `server::metrics_server`
+//! serves them.
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 
 mod authority;
 mod grpc_metrics;
+mod metrics_server;
 mod tls;
 
 use std::future::Future;
@@ -88,7 +89,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
     // Up before the datastore, so that /healthz answers and /readyz says
     // "not ready" while the database is still being reached.
     let readiness = match config.metrics_address {
-        Some(address) => Some(crate::metrics::http::start(address).await?),
+        Some(address) => Some(metrics_server::start(address).await?),
         None => None,
     };
     let serving = Serving { tls, readiness };
@@ -178,7 +179,7 @@ fn peer_tls(config: &Config) -> anyhow::Result<Option<PeerTls>> {
 /// metrics server's readiness, which learns of the store once it is open.
 struct Serving {
     tls: Option<Arc<rustls::ServerConfig>>,
-    readiness: Option<Arc<crate::metrics::http::Readiness>>,
+    readiness: Option<Arc<metrics_server::Readiness>>,
 }
 
 async fn serve<B: Backend>(

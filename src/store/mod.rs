@@ -9,6 +9,8 @@
 pub mod alarm;
 mod apply;
 pub mod auto_compaction;
+#[cfg(test)]
+mod conformance;
 mod count_cache;
 pub mod error;
 pub mod hash;

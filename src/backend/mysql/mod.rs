@@ -340,13 +340,11 @@ impl Backend for Mysql {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
 
     use super::*;
-    use crate::backend::conformance::TestStore;
     use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn, WriteTxn};
     use crate::proto::mvccpb::KeyValue;
-    use crate::store::Store;
 
     /// The server the tests use; each test gets a database of its own on it.
     fn test_server_url() -> String {
@@ -419,7 +417,8 @@ mod tests {
         }
     }
 
-    async fn open() -> TestStore<Mysql> {
+    /// A fresh, empty database on the test server, which the guard drops.
+    pub(crate) async fn test_database() -> (Mysql, Box<dyn Send>) {
         let server = test_server_url();
         let database = format!("cetera_test_{:016x}", rand::random::<u64>());
         let backend = Mysql::connect_within(
@@ -434,14 +433,8 @@ mod tests {
                  (set CETERA_TEST_MYSQL_URL to use another): {error:#}"
             )
         });
-        let guard = DropDatabase { server, database };
-        TestStore {
-            store: Store::open(backend).await.unwrap(),
-            guard: Box::new(guard),
-        }
+        (backend, Box::new(DropDatabase { server, database }))
     }
-
-    crate::conformance_suite!(open);
 
     #[test]
     fn lock_names_fit_mysql() {
@@ -486,8 +479,8 @@ mod tests {
 
     #[tokio::test]
     async fn keys_are_bytes_and_too_long_keys_are_refused() {
-        let t = open().await;
-        let backend = t.store.backend();
+        let (backend, _guard) = test_database().await;
+        let backend = &backend;
         let keys: Vec<Vec<u8>> = vec![
             b"a".to_vec(),
             b"a ".to_vec(),
@@ -580,8 +573,8 @@ mod tests {
 
     #[tokio::test]
     async fn go_dsn_and_socket_endpoints_connect() {
-        let t = open().await;
-        let database = t.store.backend().database();
+        let (backend, _guard) = test_database().await;
+        let database = backend.database();
         let server = Opts::from(Endpoint::parse(&test_server_url()).unwrap().opts);
         let credentials = match server.pass() {
             Some(pass) => format!("{}:{pass}", server.user().unwrap_or_default()),
@@ -625,8 +618,8 @@ mod tests {
     /// names a socket uses the socket.
     #[tokio::test]
     async fn endpoints_connect_the_way_they_say() {
-        let t = open().await;
-        let database = t.store.backend().database();
+        let (backend, _guard) = test_database().await;
+        let database = backend.database();
         let server = Opts::from(Endpoint::parse(&test_server_url()).unwrap().opts);
         let user = server.user().unwrap_or_default();
         let credentials = match server.pass() {
@@ -670,8 +663,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_lock_whose_session_died_is_taken_again() {
-        let t = open().await;
-        let backend = t.store.backend();
+        let (backend, _guard) = test_database().await;
+        let backend = &backend;
         assert!(backend.hold_lock("job").await.unwrap());
         let mut admin = Conn::new(Opts::from_url(&test_server_url()).unwrap())
             .await
@@ -698,9 +691,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_write_is_rolled_back_and_writers_serialize() {
-        let t = open().await;
-        let backend = t.store.backend();
-        let before = t.store.revisions();
+        let (backend, _guard) = test_database().await;
+        let backend = &backend;
+        let before = backend.read().await.unwrap().revisions().await.unwrap();
         {
             let mut txn = backend.write().await.unwrap();
             let mut revs = txn.revisions().await.unwrap();

@@ -320,17 +320,15 @@ fn db_error(error: &tokio_postgres::Error) -> anyhow::Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Instant;
 
     use tokio_postgres::{Config, NoTls};
 
     use super::connect::quote_identifier;
     use super::*;
-    use crate::backend::conformance::TestStore;
     use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn, WriteTxn};
     use crate::proto::mvccpb::KeyValue;
-    use crate::store::Store;
 
     /// The server the tests create their databases on.
     fn base_url() -> String {
@@ -420,16 +418,12 @@ mod tests {
         }
     }
 
-    async fn open() -> TestStore<Postgres> {
+    /// A fresh, empty database on the test server, which the guard drops.
+    pub(crate) async fn test_database() -> (Postgres, Box<dyn Send>) {
         let database = TestDatabase::new();
         let backend = database.connect().await;
-        TestStore {
-            store: Store::open(backend).await.unwrap(),
-            guard: Box::new(database),
-        }
+        (backend, Box::new(database))
     }
-
-    crate::conformance_suite!(open);
 
     fn kv(key: &[u8], value: &[u8], revision: i64) -> LogEntry {
         LogEntry {

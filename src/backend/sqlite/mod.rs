@@ -377,32 +377,17 @@ fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::backend::conformance::TestStore;
-    use crate::store::Store;
+    use crate::backend::{LogEntry, ReadTxn, WriteTxn};
+    use crate::proto::mvccpb::KeyValue;
 
-    async fn open() -> TestStore<Sqlite> {
+    /// A fresh, empty database in a temporary directory, which the guard
+    /// removes.
+    pub(crate) async fn test_database() -> (Sqlite, Box<dyn Send>) {
         let dir = tempfile::tempdir().unwrap();
         let backend = Sqlite::open(&dir.path().join("state.db")).unwrap();
-        TestStore {
-            store: Store::open(backend).await.unwrap(),
-            guard: Box::new(dir),
-        }
-    }
-
-    crate::conformance_suite!(open);
-
-    pub(super) fn put(key: &str) -> crate::proto::etcdserverpb::PutRequest {
-        put_sized(key, 256)
-    }
-
-    fn put_sized(key: &str, value_bytes: usize) -> crate::proto::etcdserverpb::PutRequest {
-        crate::proto::etcdserverpb::PutRequest {
-            key: key.into(),
-            value: vec![7; value_bytes],
-            ..Default::default()
-        }
+        (backend, Box::new(dir))
     }
 
     /// The checkpoint thread copies the WAL into the database file once it
@@ -411,7 +396,7 @@ mod tests {
     async fn checkpoint_thread_moves_the_wal_into_the_database() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
-        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        let backend = Sqlite::open(&path).unwrap();
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
         // A 64 KiB value takes 16 pages in the log and 16 in the live-key
@@ -419,10 +404,27 @@ mod tests {
         let value_bytes = 64 * 1024;
         let puts = checkpointer::CHECKPOINT_PAGES as usize * 4096 * 3 / 2 / (2 * value_bytes);
         for i in 0..puts {
-            store
-                .put(put_sized(&format!("key{i:05}"), value_bytes))
-                .await
-                .unwrap();
+            let revision = i as i64 + 2;
+            let mut txn = backend.write().await.unwrap();
+            let mut revisions = txn.revisions().await.unwrap();
+            let kv = KeyValue {
+                key: format!("key{i:05}").into_bytes(),
+                value: vec![7; value_bytes],
+                create_revision: revision,
+                mod_revision: revision,
+                version: 1,
+                lease: 0,
+            };
+            txn.append(&LogEntry {
+                kv,
+                sub: 0,
+                deleted: false,
+            })
+            .await
+            .unwrap();
+            revisions.current = revision;
+            txn.set_revisions(revisions).await.unwrap();
+            txn.commit().await.unwrap();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while size() < before + (puts * value_bytes) as u64 {

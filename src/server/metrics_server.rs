@@ -23,8 +23,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use super::metrics;
 use crate::backend::{Backend, DatabaseSize, Revisions};
+use crate::metrics::metrics;
 use crate::store::Store;
 
 /// A readiness check or a metrics sample that takes longer than this fails.

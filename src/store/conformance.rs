@@ -1,7 +1,8 @@
-//! The backend conformance suite: etcd's semantics checked through the
-//! store, the same tests on every backend. A backend's test module calls
-//! `conformance_suite!(open)` with an async `open` that returns a
-//! `TestStore` on a fresh, empty database.
+//! The conformance suite: etcd's semantics checked through the store, the
+//! same tests on every backend. `conformance_suite!(test_database)` expands
+//! to the suite on the databases an async `test_database` hands out (a
+//! fresh, empty one each time, with the guard that removes it); the modules
+//! at the end run it on each dialect.
 
 use crate::backend::{Backend, ReadTxn};
 use crate::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -72,7 +73,17 @@ pub struct TestStore<B: Backend> {
     /// The store under test.
     pub store: Store<B>,
     /// Dropped with the store: a temporary directory, a database to drop...
-    pub guard: Box<dyn Send>,
+    _guard: Box<dyn Send>,
+}
+
+impl<B: Backend> TestStore<B> {
+    /// The store on `database`, as a backend's `test_database` hands it out.
+    pub async fn open((backend, guard): (B, Box<dyn Send>)) -> Self {
+        TestStore {
+            store: Store::open(backend).await.unwrap(),
+            _guard: guard,
+        }
+    }
 }
 
 fn put_req(key: &str, value: &str) -> PutRequest {
@@ -655,74 +666,187 @@ pub async fn snapshot_restores_into_sqlite_with_equal_hashes<B: Backend>(t: Test
     );
 }
 
-/// Expands to one `#[tokio::test]` per conformance test, each on a store from `$open`.
-#[macro_export]
+/// Expands to one `#[tokio::test]` per conformance test, each on a store
+/// on a fresh database from `$database`.
 macro_rules! conformance_suite {
-    ($open:path) => {
+    ($database:path) => {
         #[tokio::test]
         async fn empty_store_is_at_revision_one_and_never_compacted() {
-            $crate::backend::conformance::empty_store_is_at_revision_one_and_never_compacted($open().await).await
+            crate::store::conformance::empty_store_is_at_revision_one_and_never_compacted(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn a_txn_takes_one_revision_and_ranges_inside_see_its_writes() {
-            $crate::backend::conformance::a_txn_takes_one_revision_and_ranges_inside_see_its_writes($open().await).await
+            crate::store::conformance::a_txn_takes_one_revision_and_ranges_inside_see_its_writes(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn failed_checks_leave_no_trace() {
-            $crate::backend::conformance::failed_checks_leave_no_trace($open().await).await
+            crate::store::conformance::failed_checks_leave_no_trace(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn read_only_and_no_op_txns_do_not_raise_the_revision() {
-            $crate::backend::conformance::read_only_and_no_op_txns_do_not_raise_the_revision($open().await).await
+            crate::store::conformance::read_only_and_no_op_txns_do_not_raise_the_revision(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn compare_on_a_missing_key_uses_zero_but_value_compares_fail() {
-            $crate::backend::conformance::compare_on_a_missing_key_uses_zero_but_value_compares_fail($open().await).await
+            crate::store::conformance::compare_on_a_missing_key_uses_zero_but_value_compares_fail(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn compaction_refuses_old_reads_and_removes_history() {
-            $crate::backend::conformance::compaction_refuses_old_reads_and_removes_history($open().await).await
+            crate::store::conformance::compaction_refuses_old_reads_and_removes_history(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn queued_writes_commit_together_in_order() {
-            $crate::backend::conformance::queued_writes_commit_together_in_order($open().await).await
+            crate::store::conformance::queued_writes_commit_together_in_order(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn leases_attach_renew_and_revoke() {
-            $crate::backend::conformance::leases_attach_renew_and_revoke($open().await).await
+            crate::store::conformance::leases_attach_renew_and_revoke(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn expired_leases_delete_their_keys() {
-            $crate::backend::conformance::expired_leases_delete_their_keys($open().await).await
+            crate::store::conformance::expired_leases_delete_their_keys(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn alarms_are_stored_and_refuse_writes() {
-            $crate::backend::conformance::alarms_are_stored_and_refuse_writes($open().await).await
+            crate::store::conformance::alarms_are_stored_and_refuse_writes(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn history_from_the_log_matches_what_watchers_saw() {
-            $crate::backend::conformance::history_from_the_log_matches_what_watchers_saw($open().await).await
+            crate::store::conformance::history_from_the_log_matches_what_watchers_saw(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn clear_leaves_an_empty_store() {
-            $crate::backend::conformance::clear_leaves_an_empty_store($open().await).await
+            crate::store::conformance::clear_leaves_an_empty_store(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn defragment_keeps_every_revision() {
-            $crate::backend::conformance::defragment_keeps_every_revision($open().await).await
+            crate::store::conformance::defragment_keeps_every_revision(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn hash_kv_refuses_compacted_and_future_revisions() {
-            $crate::backend::conformance::hash_kv_refuses_compacted_and_future_revisions($open().await).await
+            crate::store::conformance::hash_kv_refuses_compacted_and_future_revisions(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn snapshot_restores_into_sqlite_with_equal_hashes() {
-            $crate::backend::conformance::snapshot_restores_into_sqlite_with_equal_hashes($open().await).await
-
+            crate::store::conformance::snapshot_restores_into_sqlite_with_equal_hashes(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
         #[tokio::test]
         async fn auth_records_are_stored_replaced_and_removed() {
-            $crate::backend::conformance::auth_records_are_stored_replaced_and_removed($open().await).await
+            crate::store::conformance::auth_records_are_stored_replaced_and_removed(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
         }
     };
+}
+
+mod sqlite {
+    use std::path::Path;
+
+    use rusqlite::Connection;
+
+    use super::put_req;
+    use crate::backend::sqlite::Sqlite;
+    use crate::store::Store;
+
+    conformance_suite!(crate::backend::sqlite::tests::test_database);
+
+    /// Commits leave `meta` alone; the revision comes back from the log after
+    /// a restart, and from `meta` when compaction removed the log's last row.
+    #[tokio::test]
+    async fn revision_survives_reopen_without_meta_updates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        for key in ["a", "b", "a"] {
+            store.put(put_req("a", "1")).await.unwrap();
+            store.put(put_req(key, "1")).await.unwrap();
+        }
+        let meta = |path: &Path| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .query_row("SELECT revision FROM meta", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(meta(&path), 1, "plain commits do not write meta");
+        store.shutdown().await;
+
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        assert_eq!(store.revisions().current, 7);
+        // Delete the newest key and compact at the present: the tombstone,
+        // the log's last row, goes; the revision must not go back.
+        let deleted = store
+            .delete_range(crate::proto::etcdserverpb::DeleteRangeRequest {
+                key: b"b".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let revision = deleted.header.unwrap().revision;
+        let compaction = crate::proto::etcdserverpb::CompactionRequest {
+            revision,
+            physical: true,
+        };
+        store.compact(&compaction).await.unwrap();
+        store.shutdown().await;
+        assert_eq!(meta(&path), revision);
+
+        let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+        assert_eq!(store.revisions().current, revision);
+        let next = store.put(put_req("c", "1")).await.unwrap();
+        assert_eq!(next.header.unwrap().revision, revision + 1);
+    }
+}
+
+mod postgres {
+    conformance_suite!(crate::backend::postgres::tests::test_database);
+}
+
+mod mysql {
+    conformance_suite!(crate::backend::mysql::tests::test_database);
 }
