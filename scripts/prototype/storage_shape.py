@@ -17,8 +17,13 @@ Shapes:
            (in place of log_key_revision) and kv_lease are brought up to date
            in one transaction every 100 ms of (simulated) time, in key order,
            from an in-memory overlay of the puts not yet applied.
+  A rowid, B rowid
+           the same, with the log as a rowid table (id = revision << 20 | sub):
+           SQLite appends to a rowid table's last leaf without rebalancing its
+           neighbours, which it does for a WITHOUT ROWID table. At 10 puts/s
+           also B applying every 1 s and 10 s, and A rowid with 2 KiB pages.
 
-Settings as cetera's (src/backend/sqlite.rs, open_connection, and
+Settings as cetera's (src/backend/sqlite/, open_connection, and
 src/backend/sqlite/checkpointer.rs): page size default (4096),
 auto_vacuum=INCREMENTAL on a new file, journal_mode=WAL, synchronous=FULL,
 SQLite's automatic checkpoint off, and cetera's checkpoint policy: a
