@@ -192,3 +192,96 @@ async fn a_second_server_on_one_sqlite_file_is_refused() {
     let got = client.get("k", None).await.unwrap();
     assert_eq!(got.kvs()[0].value(), b"v");
 }
+
+/// Keep-alives answered from memory (their deadlines are stored at most
+/// 500 ms later): after a kill -9 the lease expires no earlier than the last
+/// acknowledged keep-alive promised, and at most TTL + 1 s after the kill.
+/// The test reads the database file itself, to see an acknowledged
+/// keep-alive the kill caught before it was stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_survive_kill_9_within_their_bound() {
+    const TTL: i64 = 5;
+    let mut server = Cetera::start().await;
+    let Some(path) = server.datastore_endpoint().strip_prefix("sqlite://") else {
+        eprintln!("SKIPPED: keep-alives are answered from memory on SQLite only");
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    let stored = |id: i64| -> i64 {
+        let db = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap();
+        db.query_row("SELECT expires_at FROM lease WHERE id = ?1", [id], |row| {
+            row.get(0)
+        })
+        .unwrap()
+    };
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    // Each attempt: keep a lease alive, kill right after an acknowledged
+    // keep-alive; an attempt counts once the kill caught one unstored.
+    for attempt in 0..5 {
+        let mut client = Client::connect([server.endpoint()], None).await.unwrap();
+        let id = client.lease_grant(TTL, None).await.unwrap().id();
+        let key = format!("/leased/{attempt}");
+        client
+            .put(
+                key.clone(),
+                "v",
+                Some(etcd_client::PutOptions::new().with_lease(id)),
+            )
+            .await
+            .unwrap();
+        let (mut keeper, mut acks) = client.lease_keep_alive(id).await.unwrap();
+        let mut promised = 0;
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(70)).await;
+            let sent_ms = now_ms();
+            keeper.keep_alive().await.unwrap();
+            let ack = acks.message().await.unwrap().unwrap();
+            assert_eq!(ack.ttl(), TTL);
+            promised = sent_ms + TTL * 1000;
+        }
+        server.kill();
+        let killed_ms = now_ms();
+        if stored(id) >= promised {
+            eprintln!("attempt {attempt}: the last keep-alive was stored before the kill; again");
+            server.restart().await;
+            continue;
+        }
+
+        server.restart().await;
+        let after = stored(id);
+        assert!(
+            after >= promised,
+            "the lease's deadline {after} is before its last keep-alive's promise {promised}"
+        );
+        assert!(
+            after <= killed_ms + TTL * 1000 + 1000,
+            "the lease's deadline {after} is more than TTL + 1 s after the kill at {killed_ms}"
+        );
+        // It expires then, with its key.
+        let mut client = Client::connect([server.endpoint()], None).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(TTL as u64 + 5);
+        loop {
+            let left = client.get(key.as_str(), None).await.unwrap().count();
+            let now = now_ms();
+            if left == 0 {
+                assert!(now >= promised, "the key went at {now}, before {promised}");
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the lease did not expire"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    panic!("no kill caught an acknowledged keep-alive before it was stored");
+}

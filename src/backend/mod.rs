@@ -365,6 +365,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// True if this process is the database's only writer (SQLite's file
+    /// is locked to one server), so the store may hold state ahead of the
+    /// database, as it does with lease deadlines. A server database may be
+    /// shared by other instances.
+    fn is_only_writer(&self) -> bool {
+        false
+    }
+
     /// Longest key the schema can store and index, in bytes.
     fn max_key_bytes(&self) -> usize {
         usize::MAX

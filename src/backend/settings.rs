@@ -9,3 +9,7 @@ pub const MEMBER_ID: &str = "member_id";
 pub const AUTH_ENABLED: &str = "auth_enabled";
 /// etcd's auth revision: counts the changes of users, roles and the switch.
 pub const AUTH_REVISION: &str = "auth_revision";
+/// Until when (Unix ms) keep-alives may have been answered from memory ahead
+/// of the stored lease deadlines; 0 when the database holds every deadline
+/// promised (see `store::lease_deadlines`).
+pub const LEASE_RENEWALS_COVERED_UNTIL: &str = "lease_renewals_covered_until";

@@ -188,12 +188,14 @@ async fn serve<B: Backend>(
     serving: Serving,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    let cluster_options = cluster_options(&config)?;
     let options = StoreOptions {
         quota_backend_bytes: config.quota_backend_bytes,
         auto_compaction: config.auto_compaction()?,
+        keep_alives_in_memory: cluster_options.is_none(),
     };
     let store = Arc::new(Store::open_with(backend, options).await?);
-    let cluster = match cluster_options(&config)? {
+    let cluster = match cluster_options {
         Some(options) => Some(Cluster::start(options, store.clone()).await?),
         None => None,
     };

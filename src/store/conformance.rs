@@ -843,6 +843,71 @@ mod sqlite {
     }
 }
 
+/// Keep-alives answered from memory: the deadline moves before it is
+/// stored, TimeToLive counts from it, and a clean stop stores it and clears
+/// `covered_until`.
+#[tokio::test]
+async fn sqlite_keep_alives_from_memory_are_stored_at_stop() {
+    use crate::backend::sqlite::Sqlite;
+    use crate::store::StoreOptions;
+
+    async fn stored(store: &Store<Sqlite>, id: i64) -> (i64, i64) {
+        let mut txn = store.backend().read().await.unwrap();
+        let lease = txn.lease(id).await.unwrap().unwrap();
+        let covered = txn
+            .setting(crate::backend::settings::LEASE_RENEWALS_COVERED_UNTIL)
+            .await
+            .unwrap();
+        (lease.expires_at, covered.unwrap_or(0))
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let options = StoreOptions {
+        keep_alives_in_memory: true,
+        ..Default::default()
+    };
+    let store = Store::open_with(Sqlite::open(&path).unwrap(), options)
+        .await
+        .unwrap();
+    let id = store
+        .lease_grant(LeaseGrantRequest { ttl: 30, id: 0 })
+        .await
+        .unwrap()
+        .id;
+    // The first keep-alive is stored, and opens the cover for the next.
+    store.lease_keep_alive(id).await.unwrap();
+    let (first, covered) = stored(&store, id).await;
+    assert!(covered > first - 30_000, "covered until {covered}");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(store.lease_keep_alive(id).await.unwrap().ttl, 30);
+    let in_memory = store
+        .lease_deadlines
+        .as_ref()
+        .unwrap()
+        .deadline(id)
+        .unwrap();
+    assert_eq!(stored(&store, id).await.0, first, "not stored yet");
+    assert!(in_memory >= first + 20);
+    // The writer stores it within STORE_INTERVAL, with no request to carry it.
+    tokio::time::sleep(super::lease_deadlines::STORE_INTERVAL * 2).await;
+    assert_eq!(stored(&store, id).await.0, in_memory, "stored in time");
+    let ttl = store
+        .lease_time_to_live(&LeaseTimeToLiveRequest { id, keys: false })
+        .await
+        .unwrap()
+        .ttl;
+    assert_eq!(ttl, (in_memory - super::apply::now_ms() - 1) / 1000);
+    store.shutdown().await;
+
+    let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
+    assert_eq!(
+        stored(&store, id).await,
+        (in_memory, 0),
+        "a clean stop stores the deadline and promised nothing unstored"
+    );
+}
+
 mod postgres {
     conformance_suite!(crate::backend::postgres::tests::test_database);
 }

@@ -16,6 +16,7 @@ pub mod error;
 pub mod hash;
 mod history;
 pub mod hub;
+mod lease_deadlines;
 mod publisher;
 pub mod range;
 mod replica;
@@ -34,10 +35,11 @@ use self::alarm::{AlarmChange, Quota};
 pub use self::auto_compaction::AutoCompaction;
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
+use self::lease_deadlines::LeaseDeadlines;
 use self::publisher::Publisher;
 pub(crate) use self::settings::read_auth_flags;
 use self::writer::{Queued, WriteRequest, WriteResponse};
-use crate::backend::{AlarmRow, Backend, DatabaseSize, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{AlarmRow, Backend, DatabaseSize, LeaseRow, ReadTxn, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,
@@ -66,6 +68,11 @@ pub struct StoreOptions {
     pub quota_backend_bytes: i64,
     /// Automatic compaction, if on.
     pub auto_compaction: Option<AutoCompaction>,
+    /// Answer lease keep-alives from memory and store the deadlines in
+    /// batches (`lease_deadlines`), where the backend is its database's
+    /// only writer. Off for a cluster member, whose leases change through
+    /// the replicated log.
+    pub keep_alives_in_memory: bool,
 }
 
 /// A boxed future, for the object-safe `Replication`.
@@ -165,6 +172,9 @@ pub struct Store<B: Backend> {
     quota: Quota,
     /// Range counts of committed revisions, reused by later reads.
     counts: CountCache,
+    /// Lease deadlines ahead of the database, when keep-alives are answered
+    /// from memory.
+    lease_deadlines: Option<Arc<LeaseDeadlines>>,
     writer: JoinHandle<()>,
     /// Compactor, lease expirer, poller: stopped at shutdown.
     background: Vec<JoinHandle<()>>,
@@ -181,6 +191,7 @@ impl<B: Backend> Store<B> {
     pub async fn open_with(backend: B, options: StoreOptions) -> anyhow::Result<Self> {
         let backend = Arc::new(backend);
         let identity = settings::load_identity(&*backend).await?;
+        lease_deadlines::recover(&*backend).await?;
         let initial = backend.read().await?.revisions().await?;
         let hub = Arc::new(WatchHub::new(initial.current));
         let publisher = Arc::new(Publisher::new(
@@ -190,7 +201,14 @@ impl<B: Backend> Store<B> {
         ));
         let revisions = publisher.subscribe();
         let (queue, queue_rx) = mpsc::channel(QUEUE_DEPTH);
-        let writer = writer::start(backend.clone(), queue_rx, publisher.clone());
+        let lease_deadlines = (options.keep_alives_in_memory && backend.is_only_writer())
+            .then(|| Arc::new(LeaseDeadlines::default()));
+        let writer = writer::start(
+            backend.clone(),
+            queue_rx,
+            publisher.clone(),
+            lease_deadlines.clone(),
+        );
         let replication = ReplicationSlot::default();
         let writes = Writes {
             queue: queue.downgrade(),
@@ -226,6 +244,7 @@ impl<B: Backend> Store<B> {
             member_id: AtomicU64::new(identity.member_id),
             quota: Quota::new(options.quota_backend_bytes),
             counts: CountCache::default(),
+            lease_deadlines,
             writer,
             background,
         })
@@ -463,17 +482,30 @@ impl<B: Backend> Store<B> {
             // etcd's clock has nanoseconds, so some time has always passed since the
             // grant and a fresh 60 s lease shows 59; at millisecond resolution the
             // grant can look 0 ms old, so count at least 1 ms as gone.
-            ttl: ((lease.expires_at - apply::now_ms() - 1) / 1000).max(0),
+            ttl: ((self.lease_deadline(&lease) - apply::now_ms() - 1) / 1000).max(0),
             granted_ttl: lease.ttl,
             keys,
         })
+    }
+
+    /// The deadline of `lease` as read, or as a keep-alive answered from
+    /// memory moved it.
+    fn lease_deadline(&self, lease: &LeaseRow) -> i64 {
+        self.lease_deadlines
+            .as_ref()
+            .and_then(|deadlines| deadlines.deadline(lease.id))
+            .unwrap_or(lease.expires_at)
     }
 
     /// etcd LeaseLeases: every lease, soonest deadline first.
     pub async fn leases(&self) -> StoreResult<LeaseLeasesResponse> {
         self.read_barrier().await?;
         let mut txn = self.backend.read().await?;
-        let leases = txn.leases().await?;
+        let mut leases = txn.leases().await?;
+        if self.lease_deadlines.is_some() {
+            // Soonest first by the deadlines keep-alives moved, too.
+            leases.sort_by_key(|lease| self.lease_deadline(lease));
+        }
         Ok(LeaseLeasesResponse {
             header: None,
             leases: leases

@@ -9,8 +9,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::alarm::{self, AlarmChange};
-use super::apply::Applier;
+use super::apply::{self, Applier};
 use super::error::{StoreError, StoreResult};
+use super::lease_deadlines::{self, LeaseDeadlines};
 use super::publisher::Publisher;
 use super::range::check_revision;
 use crate::backend::settings;
@@ -163,16 +164,36 @@ pub struct Queued {
 
 /// Starts the writer: on a thread of its own when the backend works on the
 /// calling thread (see `Backend::works_on_calling_thread`), else as a task.
+/// With `deadlines`, keep-alives of leases it knows are answered from
+/// memory and their deadlines stored in batches (see `lease_deadlines`).
 pub fn start<B: Backend>(
     backend: Arc<B>,
     queue: mpsc::Receiver<Queued>,
     publisher: Arc<Publisher<B>>,
+    deadlines: Option<Arc<LeaseDeadlines>>,
 ) -> JoinHandle<()> {
+    let run = run(backend.clone(), queue, publisher, deadlines);
     if backend.works_on_calling_thread() {
         let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || runtime.block_on(run(backend, queue, publisher)))
+        tokio::task::spawn_blocking(move || runtime.block_on(run))
     } else {
-        tokio::spawn(run(backend, queue, publisher))
+        tokio::spawn(run)
+    }
+}
+
+/// Waits for the next requests, or until moved lease deadlines are due to
+/// be stored (then `batch` stays empty). False once every sender is gone.
+async fn next_batch(
+    queue: &mut mpsc::Receiver<Queued>,
+    batch: &mut Vec<Queued>,
+    deadlines: Option<&LeaseDeadlines>,
+) -> bool {
+    let Some(due) = deadlines.and_then(LeaseDeadlines::store_due) else {
+        return queue.recv_many(batch, MAX_BATCH).await > 0;
+    };
+    tokio::select! {
+        received = queue.recv_many(batch, MAX_BATCH) => received > 0,
+        _ = tokio::time::sleep_until(due) => true,
     }
 }
 
@@ -181,13 +202,29 @@ async fn run<B: Backend>(
     backend: Arc<B>,
     mut queue: mpsc::Receiver<Queued>,
     publisher: Arc<Publisher<B>>,
+    deadlines: Option<Arc<LeaseDeadlines>>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    while next_batch(&mut queue, &mut batch, deadlines.as_deref()).await {
+        if let Some(answers) = deadlines.as_ref().and_then(|d| d.renew(&batch)) {
+            count_lease_changes(&answers);
+            for (queued, answer) in batch.drain(..).zip(answers) {
+                let _ = queued.reply.send(answer);
+            }
+            continue;
+        }
         let started = std::time::Instant::now();
-        match commit(&*backend, &mut batch).await {
+        let stored = deadlines
+            .as_ref()
+            .map(|d| d.to_store(&batch, apply::now_ms()));
+        match commit(&*backend, &mut batch, stored.as_ref()).await {
             Ok((answers, now, committed)) => {
-                metrics().record_commit(batch.len(), started.elapsed());
+                if let (Some(deadlines), Some(stored)) = (&deadlines, stored) {
+                    deadlines.committed(stored, &batch, &answers);
+                }
+                if !batch.is_empty() {
+                    metrics().record_commit(batch.len(), started.elapsed());
+                }
                 count_lease_changes(&answers);
                 // Watchers hear of a write before its writer does, as in etcd.
                 publisher.committed(committed, now).await;
@@ -213,6 +250,22 @@ async fn run<B: Backend>(
                 }
             }
         }
+    }
+    if let Some(deadlines) = &deadlines {
+        store_at_stop(&*backend, deadlines).await;
+    }
+}
+
+/// A clean stop stores every moved lease deadline (see `lease_deadlines`).
+async fn store_at_stop<B: Backend>(backend: &B, deadlines: &LeaseDeadlines) {
+    let stored = lease_deadlines::Stored::at_stop(deadlines);
+    let result = async {
+        let mut txn = backend.write().await?;
+        stored.write(&mut txn).await?;
+        txn.commit().await
+    };
+    if let Err(error) = result.await {
+        tracing::warn!("cannot store the lease deadlines at stop: {error:#}");
     }
 }
 
@@ -242,8 +295,17 @@ type Committed = (
     Vec<RevisionEvents>,
 );
 
-async fn commit<B: Backend>(backend: &B, batch: &mut [Queued]) -> anyhow::Result<Committed> {
+/// `stored` (moved lease deadlines) is written first, so that the requests
+/// see them.
+async fn commit<B: Backend>(
+    backend: &B,
+    batch: &mut [Queued],
+    stored: Option<&lease_deadlines::Stored>,
+) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
+    if let Some(stored) = stored {
+        stored.write(&mut txn).await?;
+    }
     let start = txn.revisions().await?;
     let mut revs = start;
     let mut answers = Vec::with_capacity(batch.len());

@@ -297,6 +297,11 @@ impl Backend for Sqlite {
         true
     }
 
+    /// The lock file keeps every other server off the database.
+    fn is_only_writer(&self) -> bool {
+        true
+    }
+
     /// synchronous=NORMAL: in WAL mode a commit is then consistent after a
     /// power loss but may be lost, and the WAL is synced only by
     /// checkpoints and `make_durable`.
