@@ -18,7 +18,7 @@ use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use tempfile::TempDir;
 
 use super::fault_proxy::FaultProxy;
-use super::{PORT_RETRIES, Proc, fail_startup, free_port};
+use super::process::{PORT_RETRIES, Proc, fail_startup, free_port};
 
 /// The cluster token of test clusters.
 pub const TOKEN: &str = "test-cluster-token";

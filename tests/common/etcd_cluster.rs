@@ -8,7 +8,10 @@ use cetera::proto::etcdserverpb::StatusRequest;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use tempfile::TempDir;
 
-use super::{PORT_RETRIES, Proc, channel, etcd_bin, etcd_member_args, fail_startup, free_port};
+use super::client::channel;
+use super::etcd_server::etcd_member_args;
+use super::process::{PORT_RETRIES, Proc, fail_startup, free_port};
+use super::reference_binaries::etcd_bin;
 
 /// How long `leader` waits for the members to agree on a leader.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -13,7 +13,7 @@ use cetera::proto::etcdserverpb::{
 use cetera::proto::mvccpb::KeyValue;
 use tonic::transport::Channel;
 
-use super::channel;
+use super::client::channel;
 
 /// Puts `count` keys in transactions of 100 puts each (one revision per
 /// transaction); `key_value(n)` gives the `n`th key and value.
