@@ -53,6 +53,24 @@ impl Side {
         self.transcript.push((step.into(), outcome.into()));
     }
 
+    /// Records a write's outcome, as `show` renders it (or the error), and returns the
+    /// revision `show` gives with it (0 on error).
+    fn note_write<T>(
+        &mut self,
+        step: impl Into<String>,
+        result: Result<tonic::Response<T>, tonic::Status>,
+        show: impl FnOnce(&T) -> (i64, String),
+    ) -> i64 {
+        let mut revision = 0;
+        let text = outcome(result, |r| {
+            let (rev, text) = show(r);
+            revision = rev;
+            text
+        });
+        self.note(step, text);
+        revision
+    }
+
     /// Registers a lease id chosen by the server; both servers grant in the same order,
     /// so `<lease#N>` names the same lease on both sides.
     pub fn server_lease(&mut self, id: i64) {
@@ -127,17 +145,14 @@ impl Side {
             }
         }
         let result = self.kv.put(put).await;
-        let revision = result
-            .as_ref()
-            .map_or(0, |r| header_rev(&r.get_ref().header));
-        self.note(
-            step,
-            outcome(result, |r| match &r.prev_kv {
-                Some(prev) => format!("rev={} prev=[{}]", header_rev(&r.header), show_kv(prev)),
-                None => format!("rev={}", header_rev(&r.header)),
-            }),
-        );
-        revision
+        self.note_write(step, result, |r| {
+            let revision = header_rev(&r.header);
+            let text = match &r.prev_kv {
+                Some(prev) => format!("rev={revision} prev=[{}]", show_kv(prev)),
+                None => format!("rev={revision}"),
+            };
+            (revision, text)
+        })
     }
 
     /// Deletes `[key, range_end)` (a single key when `range_end` is empty).
@@ -151,31 +166,22 @@ impl Side {
                 ..Default::default()
             })
             .await;
-        let revision = result
-            .as_ref()
-            .map_or(0, |r| header_rev(&r.get_ref().header));
-        self.note(
-            step,
-            outcome(result, |r| {
-                format!("rev={} deleted={}", header_rev(&r.header), r.deleted)
-            }),
-        );
-        revision
+        self.note_write(step, result, |r| {
+            let revision = header_rev(&r.header);
+            (revision, format!("rev={revision} deleted={}", r.deleted))
+        })
     }
 
     /// Sends a Txn; records the revision and which branch ran.
     pub async fn txn(&mut self, step: &str, txn: TxnRequest) -> i64 {
         let result = self.kv.txn(txn).await;
-        let revision = result
-            .as_ref()
-            .map_or(0, |r| header_rev(&r.get_ref().header));
-        self.note(
-            step,
-            outcome(result, |r| {
-                format!("rev={} succeeded={}", header_rev(&r.header), r.succeeded)
-            }),
-        );
-        revision
+        self.note_write(step, result, |r| {
+            let revision = header_rev(&r.header);
+            (
+                revision,
+                format!("rev={revision} succeeded={}", r.succeeded),
+            )
+        })
     }
 
     /// Compacts at `revision`, waiting for the physical compaction.
