@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::client::ClientTls;
-use super::process::{PORT_RETRIES, Proc, fail_startup, free_port};
+use super::client::{ClientTls, local_addr, local_url};
+use super::process::{PORT_RETRIES, Proc, free_port};
 use super::{cluster, datastore};
 
 /// The cetera server binary of this build, on a fresh SQLite database in a tempdir.
@@ -29,6 +29,23 @@ pub struct Cetera {
     dir: TempDir,
     /// With CETERA_TEST_CLUSTER, the cluster this server is a follower of.
     cluster: Option<Box<cluster::Cluster>>,
+}
+
+/// The cetera binary of this build.
+pub fn cetera_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_cetera"))
+}
+
+/// The command line of a server listening for clients on `listen` (`HOST:PORT`) and
+/// storing its data at `endpoint`; its other flags follow.
+pub fn serve_args(listen: &str, endpoint: &str) -> Vec<String> {
+    [
+        "--listen-address".to_string(),
+        listen.to_string(),
+        "--endpoint".to_string(),
+        endpoint.to_string(),
+    ]
+    .into()
 }
 
 /// Whether env `CETERA_TEST_CLUSTER` asks for servers that are followers of a
@@ -122,32 +139,18 @@ impl Cetera {
             if new_port {
                 self.port = free_port();
             }
-            let mut args = vec![
-                "--listen-address".to_string(),
-                format!("127.0.0.1:{}", self.port),
-                "--endpoint".to_string(),
-                self.endpoint.clone(),
-            ];
+            let mut args = serve_args(&local_addr(self.port), &self.endpoint);
             args.extend(self.extra_args.iter().cloned());
             self.runs += 1;
             let log = self.dir.path().join(format!("cetera-{}.log", self.runs));
-            let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
-            match proc
-                .wait_ready(self.port, "cetera", self.tls.as_ref())
-                .await
+            let (port, tls) = (self.port, self.tls.as_ref());
+            if let Some(proc) =
+                Proc::spawn_ready(cetera_bin(), &args, log, port, "cetera", tls, attempt).await
             {
-                Ok(()) => {
-                    self.proc = Some(proc);
-                    return;
-                }
-                Err((in_use, msg)) => {
-                    proc.kill();
-                    if !(in_use && attempt < PORT_RETRIES) {
-                        fail_startup(&format!("{msg} (args: {args:?})"), &proc.log);
-                    }
-                    new_port = true;
-                }
+                self.proc = Some(proc);
+                return;
             }
+            new_port = true;
         }
     }
 
@@ -156,14 +159,9 @@ impl Cetera {
     pub async fn refused_on(endpoint: &str) -> (std::process::ExitStatus, String) {
         let dir = tempfile::tempdir().expect("create tempdir");
         let port = free_port();
-        let args = [
-            "--listen-address".to_string(),
-            format!("127.0.0.1:{port}"),
-            "--endpoint".to_string(),
-            endpoint.to_string(),
-        ];
+        let args = serve_args(&local_addr(port), endpoint);
         let log = dir.path().join("cetera.log");
-        let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
+        let mut proc = Proc::spawn(cetera_bin(), &args, log);
         let ready = proc.wait_ready(port, "cetera", None).await;
         let status = proc.child.try_wait().expect("wait for cetera");
         let text = proc.log_text();
@@ -177,12 +175,12 @@ impl Cetera {
 
     /// gRPC endpoint URL, `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        local_url(self.port)
     }
 
     /// `127.0.0.1:PORT`, the form etcdctl's `--endpoints` takes.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        local_addr(self.port)
     }
 
     pub fn port(&self) -> u16 {

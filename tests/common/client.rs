@@ -26,6 +26,17 @@ impl ClientTls {
     }
 }
 
+/// `127.0.0.1:PORT`, the address a local test server listens on (the form etcdctl's
+/// `--endpoints` takes).
+pub fn local_addr(port: u16) -> String {
+    format!("127.0.0.1:{port}")
+}
+
+/// `http://127.0.0.1:PORT`, the gRPC endpoint URL of a local test server.
+pub fn local_url(port: u16) -> String {
+    format!("http://{}", local_addr(port))
+}
+
 /// A gRPC channel to `endpoint`, without a per-call timeout (it would also cut
 /// long-lived watch streams); tests bound their own waits.
 pub async fn channel(endpoint: &str) -> tonic::transport::Channel {

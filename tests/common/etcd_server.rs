@@ -5,8 +5,8 @@ use std::path::Path;
 
 use tempfile::TempDir;
 
-use super::client::ClientTls;
-use super::process::{PORT_RETRIES, Proc, fail_startup, free_port};
+use super::client::{ClientTls, local_addr, local_url};
+use super::process::{PORT_RETRIES, Proc, free_port};
 use super::reference_binaries::etcd_bin;
 
 /// The command line of one real etcd member: its name, data dir, client and peer URLs
@@ -79,7 +79,7 @@ impl Etcd {
         for attempt in 1..=PORT_RETRIES {
             let (client, peer) = (free_port(), free_port());
             let client_url = format!("{scheme}://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
+            let peer_url = local_url(peer);
             let data_dir = dir.path().join(format!("data-{attempt}"));
             let mut args = etcd_member_args(
                 "default",
@@ -90,21 +90,14 @@ impl Etcd {
             );
             args.extend(extra_args.iter().map(|s| s.to_string()));
             let log = dir.path().join(format!("etcd-{attempt}.log"));
-            let mut proc = Proc::spawn(&bin, &args, log);
-            match proc.wait_ready(client, "etcd", tls).await {
-                Ok(()) => {
-                    return Some(Etcd {
-                        proc,
-                        client_port: client,
-                        dir,
-                    });
-                }
-                Err((in_use, msg)) => {
-                    proc.kill();
-                    if !(in_use && attempt < PORT_RETRIES) {
-                        fail_startup(&format!("{msg} (args: {args:?})"), &proc.log);
-                    }
-                }
+            if let Some(proc) =
+                Proc::spawn_ready(&bin, &args, log, client, "etcd", tls, attempt).await
+            {
+                return Some(Etcd {
+                    proc,
+                    client_port: client,
+                    dir,
+                });
             }
         }
         unreachable!("the last attempt either returns or panics")
@@ -112,12 +105,12 @@ impl Etcd {
 
     /// gRPC endpoint URL, `http://127.0.0.1:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        local_url(self.client_port)
     }
 
     /// `127.0.0.1:PORT`, the form etcdctl's `--endpoints` takes.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        local_addr(self.client_port)
     }
 
     pub fn port(&self) -> u16 {

@@ -106,6 +106,31 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// Spawns `program` and waits until it serves on `port` (see [`Proc::wait_ready`]).
+    /// `None` when it exited because the port was taken and `attempt` (counted from 1)
+    /// leaves another of [`PORT_RETRIES`]; otherwise a failure panics with its output.
+    pub async fn spawn_ready(
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+        port: u16,
+        name: &str,
+        tls: Option<&ClientTls>,
+        attempt: usize,
+    ) -> Option<Proc> {
+        let mut proc = Proc::spawn(program, args, log);
+        match proc.wait_ready(port, name, tls).await {
+            Ok(()) => Some(proc),
+            Err((in_use, msg)) => {
+                proc.kill();
+                if !(in_use && attempt < PORT_RETRIES) {
+                    fail_startup(&format!("{msg} (args: {args:?})"), &proc.log);
+                }
+                None
+            }
+        }
+    }
+
     /// Waits until `127.0.0.1:port` accepts and a KV Range or Maintenance Status call
     /// succeeds. Err carries a description; `Err(true)` marks "exited, port was in use".
     pub async fn wait_ready(
