@@ -50,7 +50,7 @@ pub use self::{
     client::{ClientTls, channel},
     differential::{Side, WAIT, differential, self_check},
     etcd_server::Etcd,
-    etcdctl::{normalize_etcdctl, run_etcdctl},
+    etcdctl::{normalize_etcdctl, run_etcdctl, run_etcdctl_with_stdin},
     process::free_port,
     reference_binaries::{etcd_bin, etcdctl_34, etcdctl_35, in_ci},
     show::{header_rev, outcome, show, show_event, show_kv, show_watch_response},
