@@ -8,12 +8,14 @@ use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
-    LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+    LeaseLeasesRequest, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest, RequestOp,
+    TxnRequest,
 };
 use cetera::proto::mvccpb::KeyValue;
 use tonic::transport::Channel;
 
 use super::client::channel;
+use super::kv_fixtures::range_all;
 
 /// Puts `count` keys in transactions of 100 puts each (one revision per
 /// transaction); `key_value(n)` gives the `n`th key and value.
@@ -65,13 +67,7 @@ pub fn text(output: &Output) -> String {
 /// Every key at `revision` (0: current) with the header's revision, or the error message.
 pub async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
     let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
-    let request = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        revision,
-        ..Default::default()
-    };
-    match kv.range(request).await {
+    match kv.range(range_all(revision)).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             Ok((resp.header.unwrap().revision, resp.kvs))
@@ -80,9 +76,10 @@ pub async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValu
     }
 }
 
-/// Each lease: id, granted TTL, remaining TTL and its keys.
-pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
-    let mut lease = LeaseClient::new(channel(endpoint).await);
+/// Each lease's id and TimeToLive (with its keys, in the order the server gives), in id
+/// order.
+pub async fn lease_ttls(channel: Channel) -> Vec<(i64, LeaseTimeToLiveResponse)> {
+    let mut lease = LeaseClient::new(channel);
     let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
     let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
     ids.sort();
@@ -93,9 +90,19 @@ pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
             .await
             .unwrap()
             .into_inner();
-        let mut keys = ttl.keys;
-        keys.sort();
-        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
+        rows.push((id, ttl));
     }
     rows
+}
+
+/// Each lease: id, granted TTL, remaining TTL and its keys (sorted).
+pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
+    let ttls = lease_ttls(channel(endpoint).await).await;
+    ttls.into_iter()
+        .map(|(id, ttl)| {
+            let mut keys = ttl.keys;
+            keys.sort();
+            (id, ttl.granted_ttl, ttl.ttl, keys)
+        })
+        .collect()
 }

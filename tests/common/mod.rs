@@ -13,6 +13,7 @@
 //! - `watch_stream`: [`WatchStream`], a raw Watch stream with queued requests.
 //! - `show`: one-line text forms of keys, events and responses ([`show_kv`], ...).
 //! - `differential`: [`differential`] runs a scenario on etcd and cetera; [`Side`].
+//! - `kv_fixtures`: puts, deletions, compactions and reads of test data over the KV client.
 //! - `datastore`: the backend of a run (CETERA_TEST_BACKEND) and fresh databases.
 //! - `cluster`: a replicated cetera cluster, with fault proxies between members.
 //! - `etcd_cluster`: a real etcd cluster of N members.
@@ -37,6 +38,7 @@ pub mod etcd_cluster;
 pub mod etcd_server;
 pub mod etcdctl;
 pub mod fault_proxy;
+pub mod kv_fixtures;
 pub mod linearizability;
 pub mod migration;
 pub mod process;
