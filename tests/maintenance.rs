@@ -16,7 +16,7 @@ use cetera::proto::etcdserverpb::{
 };
 use common::datastore::FreshDatabase;
 use common::kv_fixtures::{compact, delete_and_compact, delete_range, put_request, range_all};
-use common::migration::lease_ttls;
+use common::migration::{assert_success, lease_ttls};
 use common::{Cetera, channel, differential, etcdctl_34, etcdctl_35, outcome, run_etcdctl};
 
 /// Every key at `revision`, as text (header ids differ between servers and are left out).
@@ -77,15 +77,6 @@ fn restore(file: &Path, endpoint: &str, extra: &[&str]) -> std::process::Output 
         .args(extra)
         .output()
         .expect("run cetera restore")
-}
-
-fn assert_success(output: &std::process::Output, what: &str) {
-    assert!(
-        output.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// What a server holds at every readable revision, and its leases.

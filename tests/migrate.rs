@@ -11,7 +11,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use cetera::backend::sqlite::Sqlite;
 use cetera::backend::{Backend, LeaseRow, LogEntry, ReadTxn, Revisions, WriteTxn};
@@ -27,12 +27,11 @@ use cetera::proto::etcdserverpb::{
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
 use common::kv_fixtures::{compact, delete_range, get, put_request, range_all};
-use common::migration::{all_keys, lease_ttls, leases, migrate, put_in_txns, text};
-use common::{Cetera, Etcd, channel, etcdctl_35, in_ci, run_etcdctl};
-
-fn assert_success(output: &Output, what: &str) {
-    assert!(output.status.success(), "{what} failed: {}", text(output));
-}
+use common::migration::{
+    all_keys, assert_prints, assert_success, etcdctl_on, json_revision, lease_ttls, leases,
+    migrate, put_in_txns, text,
+};
+use common::{Cetera, Etcd, channel, etcdctl_35, in_ci};
 
 /// 10k keys written 100 to a transaction, overwrites (some under leases),
 /// a range deletion, a compaction at revision 120, then more changes.
@@ -200,30 +199,20 @@ async fn round_trip_sqlite_postgres_mysql_sqlite_keeps_everything() {
     }
     // Each migration printed its verification.
     for stdout in &outputs {
-        assert!(
-            stdout.contains(&format!(
-                "migrated: revision {current}, compact revision 120"
-            )),
-            "{stdout}"
+        assert_prints(
+            &stdout,
+            &format!("migrated: revision {current}, compact revision 120"),
         );
-        assert!(
-            stdout.contains(&format!("verified HashKV at revision {current}: source")),
-            "{stdout}"
+        assert_prints(
+            &stdout,
+            &format!("verified HashKV at revision {current}: source"),
         );
-        assert!(
-            stdout.contains("verified HashKV at revision 121"),
-            "{stdout}"
+        assert_prints(&stdout, "verified HashKV at revision 121");
+        assert_prints(
+            &stdout,
+            &format!("verified keys at revision {current}: source 9975 target 9975"),
         );
-        assert!(
-            stdout.contains(&format!(
-                "verified keys at revision {current}: source 9975 target 9975"
-            )),
-            "{stdout}"
-        );
-        assert!(
-            stdout.contains("verified leases: source 2 target 2"),
-            "{stdout}"
-        );
+        assert_prints(&stdout, "verified leases: source 2 target 2");
     }
 
     // Lease deadlines are carried over exactly (the remaining TTL is kept).
@@ -263,15 +252,13 @@ async fn without_history_only_live_keys_are_copied_and_old_revisions_are_compact
     let output = migrate(&source.endpoint, &target.endpoint, &["--history=false"]);
     assert_success(&output, "cetera migrate --history=false");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains(&format!(
-            "migrated: revision {current}, compact revision {current}, history dropped"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("migrated: revision {current}, compact revision {current}, history dropped"),
     );
-    assert!(
-        stdout.contains(&format!("verified keys at revision {current}: source 9975")),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("verified keys at revision {current}: source 9975"),
     );
 
     let server = Cetera::start_on(&target.endpoint).await;
@@ -436,13 +423,10 @@ async fn a_migration_killed_half_way_leaves_an_empty_target_and_a_rerun_complete
     let rerun = migrate(&source.endpoint, &target.endpoint, &[]);
     assert_success(&rerun, "rerun of cetera migrate");
     let stdout = String::from_utf8_lossy(&rerun.stdout);
-    assert!(
-        stdout.contains("verified HashKV at revision 20001"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("verified keys at revision 20001: source 5000 target 5000"),
-        "{stdout}"
+    assert_prints(&stdout, "verified HashKV at revision 20001");
+    assert_prints(
+        &stdout,
+        "verified keys at revision 20001: source 5000 target 5000",
     );
 }
 
@@ -451,11 +435,8 @@ async fn imports_a_live_etcd_at_one_revision() {
     let (Some(etcd), Some(etcdctl)) = (Etcd::start().await, etcdctl_35()) else {
         return;
     };
-    let ctl = |args: &[&str]| {
-        let output = run_etcdctl(&etcdctl, &etcd.addr(), args);
-        assert_success(&output, &format!("etcdctl {args:?}"));
-        String::from_utf8_lossy(&output.stdout).to_string()
-    };
+    let addr = etcd.addr();
+    let ctl = etcdctl_on(&etcdctl, &addr);
     // Keys written and rewritten (versions), a transaction, deletions, a
     // compaction, and a lease with keys, all with etcdctl...
     let granted = ctl(&["lease", "grant", "3600"]);
@@ -467,16 +448,7 @@ async fn imports_a_live_etcd_at_one_revision() {
     ctl(&["put", "/leased/a", "x", &format!("--lease={lease_hex}")]);
     ctl(&["put", "/leased/b", "y", &format!("--lease={lease_hex}")]);
     ctl(&["del", "/app/3"]);
-    let revision = ctl(&["put", "/app/3", "again", "-w", "json"]);
-    let compact_at: i64 = revision
-        .split("\"revision\":")
-        .nth(1)
-        .unwrap()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let compact_at = json_revision(&ctl(&["put", "/app/3", "again", "-w", "json"]));
     ctl(&["compaction", &compact_at.to_string()]);
     // ...and, to need several pages, 2500 keys three transactions at a time.
     let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
@@ -491,22 +463,15 @@ async fn imports_a_live_etcd_at_one_revision() {
     let output = migrate(&etcd.endpoint(), &target.endpoint, &[]);
     assert_success(&output, "cetera migrate --from etcd");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains(&format!(
-            "migrated: revision {pinned}, compact revision {pinned}, history dropped"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("migrated: revision {pinned}, compact revision {pinned}, history dropped"),
     );
-    assert!(
-        stdout.contains(&format!(
-            "verified keys at revision {pinned}: source 2507 target 2507"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("verified keys at revision {pinned}: source 2507 target 2507"),
     );
-    assert!(
-        stdout.contains("verified leases: source 1 target 1"),
-        "{stdout}"
-    );
+    assert_prints(&stdout, "verified leases: source 1 target 1");
 
     let server = Cetera::start_on(&target.endpoint).await;
     // The same keys, values, create and mod revisions, versions and leases,

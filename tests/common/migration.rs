@@ -2,6 +2,7 @@
 //! command, and read a whole store back (every key at a revision, every lease
 //! with its keys) to compare the two sides of a migration.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
@@ -15,6 +16,7 @@ use cetera::proto::mvccpb::KeyValue;
 use tonic::transport::Channel;
 
 use super::client::channel;
+use super::etcdctl::run_etcdctl;
 use super::kv_fixtures::range_all;
 
 /// Puts `count` keys in transactions of 100 puts each (one revision per
@@ -53,6 +55,39 @@ pub fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .expect("run cetera migrate")
+}
+
+/// Asserts that `output` is of a command that succeeded, showing its output if not.
+pub fn assert_success(output: &Output, what: &str) {
+    assert!(output.status.success(), "{what} failed: {}", text(output));
+}
+
+/// Asserts that `stdout` contains `part`, showing all of it if not.
+pub fn assert_prints(stdout: &str, part: &str) {
+    assert!(stdout.contains(part), "{stdout}");
+}
+
+/// The revision in etcdctl's `-w json` output.
+pub fn json_revision(output: &str) -> i64 {
+    output
+        .split("\"revision\":")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Runs etcdctl on `addr` with the arguments it is given, asserts that it succeeded and
+/// returns its stdout.
+pub fn etcdctl_on<'a>(etcdctl: &'a Path, addr: &'a str) -> impl Fn(&[&str]) -> String + 'a {
+    move |args| {
+        let output = run_etcdctl(etcdctl, addr, args);
+        assert_success(&output, &format!("etcdctl {args:?}"));
+        String::from_utf8_lossy(&output.stdout).to_string()
+    }
 }
 
 /// A command's stdout then stderr, as text.
