@@ -200,19 +200,19 @@ async fn round_trip_sqlite_postgres_mysql_sqlite_keeps_everything() {
     // Each migration printed its verification.
     for stdout in &outputs {
         assert_prints(
-            &stdout,
+            stdout,
             &format!("migrated: revision {current}, compact revision 120"),
         );
         assert_prints(
-            &stdout,
+            stdout,
             &format!("verified HashKV at revision {current}: source"),
         );
-        assert_prints(&stdout, "verified HashKV at revision 121");
+        assert_prints(stdout, "verified HashKV at revision 121");
         assert_prints(
-            &stdout,
+            stdout,
             &format!("verified keys at revision {current}: source 9975 target 9975"),
         );
-        assert_prints(&stdout, "verified leases: source 2 target 2");
+        assert_prints(stdout, "verified leases: source 2 target 2");
     }
 
     // Lease deadlines are carried over exactly (the remaining TTL is kept).
