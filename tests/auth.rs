@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::io::Write as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cetera::proto::etcdserverpb::auth_client::AuthClient;
@@ -30,23 +28,7 @@ use tonic::Request;
 /// Runs etcdctl with `args`, feeding `stdin`; returns exit status, stdout and
 /// stderr without etcdctl's JSON log lines.
 fn etcdctl(etcdctl: &Path, endpoint: &str, args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new(etcdctl)
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .arg("--dial-timeout=5s")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {}: {e}", etcdctl.display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
+    let output = common::run_etcdctl_with_stdin(etcdctl, endpoint, args, stdin);
     format!(
         "exit {:?}\nstdout:\n{}stderr:\n{}",
         output.status.code(),

@@ -22,11 +22,10 @@ mod common;
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Output;
 
-use common::{Cetera, Etcd};
+use common::{Cetera, Etcd, run_etcdctl_with_stdin};
 
 #[tokio::test]
 async fn etcdctl_35_matches_etcd() {
@@ -563,7 +562,7 @@ impl Duo {
                 Endpoint::Addr => side.addr.clone(),
                 Endpoint::Url => format!("http://{}", side.addr),
             };
-            let output = run(&self.etcdctl, &target, args, stdin);
+            let output = run_etcdctl_with_stdin(&self.etcdctl, &target, args, stdin);
             let mut problems = Vec::new();
             let outcome = Outcome::from_output(&output, side, fixup, &mut problems);
             (outcome, problems)
@@ -664,28 +663,6 @@ impl Duo {
             mismatches.join("\n")
         );
     }
-}
-
-/// Like `common::run_etcdctl`, with `stdin` piped in (empty by default, so a command
-/// that reads its value from stdin never waits on a terminal).
-fn run(etcdctl: &Path, endpoint: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(etcdctl)
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .arg("--dial-timeout=5s")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {}: {e}", etcdctl.display()));
-    let mut pipe = child.stdin.take().expect("stdin is piped");
-    // etcdctl may exit without reading stdin; a broken pipe is not an error here.
-    let _ = pipe.write_all(stdin.as_bytes());
-    drop(pipe);
-    child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("wait for {}: {e}", etcdctl.display()))
 }
 
 /// What one etcdctl run printed and how it exited, normalized for comparison.

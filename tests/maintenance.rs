@@ -11,31 +11,17 @@ use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use cetera::proto::etcdserverpb::{
-    CompactionRequest, DefragmentRequest, DeleteRangeRequest, HashKvRequest, HashRequest,
-    LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, MoveLeaderRequest, PutRequest,
-    RangeRequest, StatusRequest,
+    DefragmentRequest, HashKvRequest, HashRequest, LeaseGrantRequest, MoveLeaderRequest,
+    StatusRequest,
 };
 use common::datastore::FreshDatabase;
+use common::kv_fixtures::{compact, delete_and_compact, delete_range, put_request, range_all};
+use common::migration::{assert_success, lease_ttls};
 use common::{Cetera, channel, differential, etcdctl_34, etcdctl_35, outcome, run_etcdctl};
-
-fn put(key: &str, value: &str, lease: i64) -> PutRequest {
-    PutRequest {
-        key: key.into(),
-        value: value.into(),
-        lease,
-        ..Default::default()
-    }
-}
 
 /// Every key at `revision`, as text (header ids differ between servers and are left out).
 async fn everything_at(kv: &mut KvClient<tonic::transport::Channel>, revision: i64) -> String {
-    let request = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        revision,
-        ..Default::default()
-    };
-    match kv.range(request).await {
+    match kv.range(range_all(revision)).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             format!(
@@ -63,29 +49,22 @@ async fn write_history(endpoint: &str) -> Vec<i64> {
         leases.push(lease.lease_grant(grant).await.unwrap().into_inner().id);
     }
     for i in 0..20 {
-        kv.put(put(&format!("/k/{i:02}"), &format!("v{i}"), 0))
+        kv.put(put_request(&format!("/k/{i:02}"), &format!("v{i}"), 0))
             .await
             .unwrap();
     }
     for i in 0..10 {
-        kv.put(put(&format!("/k/{i:02}"), &format!("w{i}"), leases[i % 2]))
-            .await
-            .unwrap();
+        kv.put(put_request(
+            &format!("/k/{i:02}"),
+            &format!("w{i}"),
+            leases[i % 2],
+        ))
+        .await
+        .unwrap();
     }
-    kv.delete_range(DeleteRangeRequest {
-        key: "/k/15".into(),
-        range_end: "/k/18".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    kv.compact(CompactionRequest {
-        revision: 12,
-        physical: true,
-    })
-    .await
-    .unwrap();
-    kv.put(put("/k/00", "x", 0)).await.unwrap();
+    delete_range(&mut kv, "/k/15", "/k/18").await;
+    compact(&mut kv, 12).await;
+    kv.put(put_request("/k/00", "x", 0)).await.unwrap();
     leases
 }
 
@@ -100,15 +79,6 @@ fn restore(file: &Path, endpoint: &str, extra: &[&str]) -> std::process::Output 
         .expect("run cetera restore")
 }
 
-fn assert_success(output: &std::process::Output, what: &str) {
-    assert!(
-        output.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// What a server holds at every readable revision, and its leases.
 async fn state(endpoint: &str, from: i64, through: i64) -> Vec<String> {
     let channel = channel(endpoint).await;
@@ -117,23 +87,7 @@ async fn state(endpoint: &str, from: i64, through: i64) -> Vec<String> {
     for revision in from..=through {
         lines.push(everything_at(&mut kv, revision).await);
     }
-    let mut lease = LeaseClient::new(channel);
-    let mut ids: Vec<i64> = lease
-        .lease_leases(LeaseLeasesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .leases
-        .iter()
-        .map(|l| l.id)
-        .collect();
-    ids.sort();
-    for id in ids {
-        let ttl = lease
-            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
-            .await
-            .unwrap()
-            .into_inner();
+    for (id, ttl) in lease_ttls(channel).await {
         lines.push(format!(
             "lease {id} granted {} keys {:?}",
             ttl.granted_ttl, ttl.keys
@@ -229,9 +183,13 @@ async fn snapshot_taken_during_writes_is_one_revision() {
             let mut kv = KvClient::new(channel(&endpoint).await);
             let mut i = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                kv.put(put(&format!("/w{w}/{}", i % 50), &format!("{i}"), 0))
-                    .await
-                    .unwrap();
+                kv.put(put_request(
+                    &format!("/w{w}/{}", i % 50),
+                    &format!("{i}"),
+                    0,
+                ))
+                .await
+                .unwrap();
                 i += 1;
             }
             i
@@ -292,29 +250,14 @@ async fn defrag_gives_back_the_space_of_deleted_keys() {
     let mut maintenance = MaintenanceClient::new(channel);
     let value = "x".repeat(4000);
     for i in 0..500 {
-        kv.put(put(&format!("/big/{i:04}"), &value, 0))
+        kv.put(put_request(&format!("/big/{i:04}"), &value, 0))
             .await
             .unwrap();
     }
-    kv.put(put("/keep", "kept", 0)).await.unwrap();
+    kv.put(put_request("/keep", "kept", 0)).await.unwrap();
     let full = status(&mut maintenance).await;
-    let deleted = kv
-        .delete_range(DeleteRangeRequest {
-            key: "/big/".into(),
-            range_end: "/big0".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let deleted = delete_and_compact(&mut kv, "/big/", "/big0").await;
     assert_eq!(deleted.deleted, 500);
-    let revision = deleted.header.unwrap().revision;
-    kv.compact(CompactionRequest {
-        revision,
-        physical: true,
-    })
-    .await
-    .unwrap();
     let before = status(&mut maintenance).await;
     let defrag = run_etcdctl(&etcdctl, &server.addr(), &["defrag"]);
     assert_success(&defrag, "etcdctl defrag");
@@ -342,26 +285,12 @@ async fn fill_and_compact_away(
 ) {
     let value = "x".repeat(4000);
     for i in 0..count {
-        kv.put(put(&format!("{prefix}{i:04}"), &value, 0))
+        kv.put(put_request(&format!("{prefix}{i:04}"), &value, 0))
             .await
             .unwrap();
     }
     let range_end = format!("{}0", prefix.trim_end_matches('/'));
-    let deleted = kv
-        .delete_range(DeleteRangeRequest {
-            key: prefix.into(),
-            range_end: range_end.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    kv.compact(CompactionRequest {
-        revision: deleted.header.unwrap().revision,
-        physical: true,
-    })
-    .await
-    .unwrap();
+    delete_and_compact(kv, prefix, &range_end).await;
 }
 
 /// After many keys are deleted and compacted away, Status reports less space in use
@@ -451,7 +380,7 @@ async fn hash_kv_is_equal_for_equal_data_on_different_backends() {
     assert_eq!(hash_a(), hash_b());
 
     let mut kv = KvClient::new(channel(&b.endpoint()).await);
-    kv.put(put("/k/00", "x", 0)).await.unwrap();
+    kv.put(put_request("/k/00", "x", 0)).await.unwrap();
     assert_ne!(
         hash_a(),
         hash_b(),

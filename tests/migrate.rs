@@ -11,7 +11,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use cetera::backend::sqlite::Sqlite;
 use cetera::backend::{Backend, LeaseRow, LogEntry, ReadTxn, Revisions, WriteTxn};
@@ -21,27 +21,17 @@ use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
-    CompactionRequest, Compare, DeleteRangeRequest, HashKvRequest, LeaseGrantRequest,
-    LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, StatusRequest,
-    TxnRequest,
+    Compare, HashKvRequest, LeaseGrantRequest, RangeRequest, RangeResponse, RequestOp,
+    StatusRequest, TxnRequest,
 };
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
-use common::migration::{all_keys, leases, migrate, put_in_txns, text};
-use common::{Cetera, Etcd, channel, etcdctl_35, in_ci, run_etcdctl};
-
-fn assert_success(output: &Output, what: &str) {
-    assert!(output.status.success(), "{what} failed: {}", text(output));
-}
-
-fn put(key: &str, value: &str, lease: i64) -> PutRequest {
-    PutRequest {
-        key: key.into(),
-        value: value.into(),
-        lease,
-        ..Default::default()
-    }
-}
+use common::kv_fixtures::{compact, delete_range, get, put_request, range_all};
+use common::migration::{
+    all_keys, assert_prints, assert_success, etcdctl_on, json_revision, lease_ttls, leases,
+    migrate, put_in_txns, text,
+};
+use common::{Cetera, Etcd, channel, etcdctl_35, in_ci};
 
 /// 10k keys written 100 to a transaction, overwrites (some under leases),
 /// a range deletion, a compaction at revision 120, then more changes.
@@ -59,7 +49,7 @@ async fn write_store(endpoint: &str) -> i64 {
     for batch in 0..100 {
         let success = (0..100)
             .map(|i| RequestOp {
-                request: Some(Request::RequestPut(put(
+                request: Some(Request::RequestPut(put_request(
                     &format!("/data/{:05}", batch * 100 + i),
                     &format!("v{i}"),
                     0,
@@ -83,44 +73,45 @@ async fn write_store(endpoint: &str) -> i64 {
     }
     for j in 0..50 {
         let lease = [0, 7001, 7002][j % 3];
-        kv.put(put(&format!("/data/{j:05}"), &format!("w{j}"), lease))
-            .await
-            .unwrap();
+        kv.put(put_request(
+            &format!("/data/{j:05}"),
+            &format!("w{j}"),
+            lease,
+        ))
+        .await
+        .unwrap();
     }
-    kv.delete_range(DeleteRangeRequest {
-        key: "/data/00100".into(),
-        range_end: "/data/00150".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    kv.compact(CompactionRequest {
-        revision: 120,
-        physical: true,
-    })
-    .await
-    .unwrap();
+    delete_range(&mut kv, "/data/00100", "/data/00150").await;
+    compact(&mut kv, 120).await;
     for k in 0..30 {
         let lease = if k % 4 == 0 { 7002 } else { 0 };
-        kv.put(put(&format!("/extra/{k:03}"), "e", lease))
+        kv.put(put_request(&format!("/extra/{k:03}"), "e", lease))
             .await
             .unwrap();
     }
     let mut last = 0;
     for k in 0..5 {
-        last = kv
-            .delete_range(DeleteRangeRequest {
-                key: format!("/extra/{:03}", k * 2 + 1).into(),
-                ..Default::default()
-            })
+        let key = format!("/extra/{:03}", k * 2 + 1);
+        last = delete_range(&mut kv, &key, "")
             .await
-            .unwrap()
-            .into_inner()
             .header
             .unwrap()
             .revision;
     }
     last
+}
+
+/// The full range at `revision` in one line: header revision, count and a digest of the
+/// keys.
+fn digest_line(revision: i64, resp: RangeResponse) -> String {
+    let mut hasher = DefaultHasher::new();
+    format!("{:?}", resp.kvs).hash(&mut hasher);
+    format!(
+        "rev {revision}: header {} count {} digest {:x}",
+        resp.header.unwrap().revision,
+        resp.count,
+        hasher.finish()
+    )
 }
 
 /// What a server holds: for every revision from 1 to `through` a digest of
@@ -131,24 +122,8 @@ async fn state(endpoint: &str, through: i64) -> Vec<String> {
     let mut kv = KvClient::new(channel.clone());
     let mut lines = Vec::new();
     for revision in 1..=through {
-        let request = RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            revision,
-            ..Default::default()
-        };
-        lines.push(match kv.range(request).await {
-            Ok(resp) => {
-                let resp = resp.into_inner();
-                let mut hasher = DefaultHasher::new();
-                format!("{:?}", resp.kvs).hash(&mut hasher);
-                format!(
-                    "rev {revision}: header {} count {} digest {:x}",
-                    resp.header.unwrap().revision,
-                    resp.count,
-                    hasher.finish()
-                )
-            }
+        lines.push(match kv.range(range_all(revision)).await {
+            Ok(resp) => digest_line(revision, resp.into_inner()),
             Err(status) => format!("rev {revision}: {:?} {}", status.code(), status.message()),
         });
     }
@@ -170,16 +145,7 @@ async fn state(endpoint: &str, through: i64) -> Vec<String> {
         "cluster {}",
         status.into_inner().header.unwrap().cluster_id
     ));
-    let mut lease = LeaseClient::new(channel);
-    let leases = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
-    let mut ids: Vec<i64> = leases.into_inner().leases.iter().map(|l| l.id).collect();
-    ids.sort();
-    for id in ids {
-        let ttl = lease
-            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: true })
-            .await
-            .unwrap()
-            .into_inner();
+    for (id, ttl) in lease_ttls(channel).await {
         lines.push(format!(
             "lease {id} granted {} keys {:?}",
             ttl.granted_ttl, ttl.keys
@@ -233,30 +199,20 @@ async fn round_trip_sqlite_postgres_mysql_sqlite_keeps_everything() {
     }
     // Each migration printed its verification.
     for stdout in &outputs {
-        assert!(
-            stdout.contains(&format!(
-                "migrated: revision {current}, compact revision 120"
-            )),
-            "{stdout}"
+        assert_prints(
+            stdout,
+            &format!("migrated: revision {current}, compact revision 120"),
         );
-        assert!(
-            stdout.contains(&format!("verified HashKV at revision {current}: source")),
-            "{stdout}"
+        assert_prints(
+            stdout,
+            &format!("verified HashKV at revision {current}: source"),
         );
-        assert!(
-            stdout.contains("verified HashKV at revision 121"),
-            "{stdout}"
+        assert_prints(stdout, "verified HashKV at revision 121");
+        assert_prints(
+            stdout,
+            &format!("verified keys at revision {current}: source 9975 target 9975"),
         );
-        assert!(
-            stdout.contains(&format!(
-                "verified keys at revision {current}: source 9975 target 9975"
-            )),
-            "{stdout}"
-        );
-        assert!(
-            stdout.contains("verified leases: source 2 target 2"),
-            "{stdout}"
-        );
+        assert_prints(stdout, "verified leases: source 2 target 2");
     }
 
     // Lease deadlines are carried over exactly (the remaining TTL is kept).
@@ -296,15 +252,13 @@ async fn without_history_only_live_keys_are_copied_and_old_revisions_are_compact
     let output = migrate(&source.endpoint, &target.endpoint, &["--history=false"]);
     assert_success(&output, "cetera migrate --history=false");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains(&format!(
-            "migrated: revision {current}, compact revision {current}, history dropped"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("migrated: revision {current}, compact revision {current}, history dropped"),
     );
-    assert!(
-        stdout.contains(&format!("verified keys at revision {current}: source 9975")),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("verified keys at revision {current}: source 9975"),
     );
 
     let server = Cetera::start_on(&target.endpoint).await;
@@ -314,24 +268,10 @@ async fn without_history_only_live_keys_are_copied_and_old_revisions_are_compact
     // revisions and versions; every older revision is compacted.
     let mut got_current = None;
     for revision in [1, 121, current - 1, current] {
-        let request = RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            revision,
-            ..Default::default()
-        };
-        match kv.range(request).await {
+        match kv.range(range_all(revision)).await {
             Ok(resp) => {
                 assert_eq!(revision, current);
-                let resp = resp.into_inner();
-                let mut hasher = DefaultHasher::new();
-                format!("{:?}", resp.kvs).hash(&mut hasher);
-                got_current = Some(format!(
-                    "rev {revision}: header {} count {} digest {:x}",
-                    resp.header.unwrap().revision,
-                    resp.count,
-                    hasher.finish()
-                ));
+                got_current = Some(digest_line(revision, resp.into_inner()));
             }
             Err(status) => {
                 assert!(revision < current);
@@ -483,13 +423,10 @@ async fn a_migration_killed_half_way_leaves_an_empty_target_and_a_rerun_complete
     let rerun = migrate(&source.endpoint, &target.endpoint, &[]);
     assert_success(&rerun, "rerun of cetera migrate");
     let stdout = String::from_utf8_lossy(&rerun.stdout);
-    assert!(
-        stdout.contains("verified HashKV at revision 20001"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("verified keys at revision 20001: source 5000 target 5000"),
-        "{stdout}"
+    assert_prints(&stdout, "verified HashKV at revision 20001");
+    assert_prints(
+        &stdout,
+        "verified keys at revision 20001: source 5000 target 5000",
     );
 }
 
@@ -498,11 +435,8 @@ async fn imports_a_live_etcd_at_one_revision() {
     let (Some(etcd), Some(etcdctl)) = (Etcd::start().await, etcdctl_35()) else {
         return;
     };
-    let ctl = |args: &[&str]| {
-        let output = run_etcdctl(&etcdctl, &etcd.addr(), args);
-        assert_success(&output, &format!("etcdctl {args:?}"));
-        String::from_utf8_lossy(&output.stdout).to_string()
-    };
+    let addr = etcd.addr();
+    let ctl = etcdctl_on(&etcdctl, &addr);
     // Keys written and rewritten (versions), a transaction, deletions, a
     // compaction, and a lease with keys, all with etcdctl...
     let granted = ctl(&["lease", "grant", "3600"]);
@@ -514,16 +448,7 @@ async fn imports_a_live_etcd_at_one_revision() {
     ctl(&["put", "/leased/a", "x", &format!("--lease={lease_hex}")]);
     ctl(&["put", "/leased/b", "y", &format!("--lease={lease_hex}")]);
     ctl(&["del", "/app/3"]);
-    let revision = ctl(&["put", "/app/3", "again", "-w", "json"]);
-    let compact_at: i64 = revision
-        .split("\"revision\":")
-        .nth(1)
-        .unwrap()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let compact_at = json_revision(&ctl(&["put", "/app/3", "again", "-w", "json"]));
     ctl(&["compaction", &compact_at.to_string()]);
     // ...and, to need several pages, 2500 keys three transactions at a time.
     let mut kv = KvClient::new(channel(&etcd.endpoint()).await);
@@ -538,22 +463,15 @@ async fn imports_a_live_etcd_at_one_revision() {
     let output = migrate(&etcd.endpoint(), &target.endpoint, &[]);
     assert_success(&output, "cetera migrate --from etcd");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains(&format!(
-            "migrated: revision {pinned}, compact revision {pinned}, history dropped"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("migrated: revision {pinned}, compact revision {pinned}, history dropped"),
     );
-    assert!(
-        stdout.contains(&format!(
-            "verified keys at revision {pinned}: source 2507 target 2507"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("verified keys at revision {pinned}: source 2507 target 2507"),
     );
-    assert!(
-        stdout.contains("verified leases: source 1 target 1"),
-        "{stdout}"
-    );
+    assert_prints(&stdout, "verified leases: source 1 target 1");
 
     let server = Cetera::start_on(&target.endpoint).await;
     // The same keys, values, create and mod revisions, versions and leases,
@@ -598,7 +516,7 @@ async fn a_running_servers_sqlite_file_is_refused_by_migrate_and_restore() {
     drop(Sqlite::open(Path::new(other_path)).unwrap());
     let server = Cetera::start_on(&held.endpoint).await;
     let mut kv = KvClient::new(channel(&server.endpoint()).await);
-    kv.put(put("k", "v", 0)).await.unwrap();
+    kv.put(put_request("k", "v", 0)).await.unwrap();
 
     let from = migrate(&held.endpoint, &other.endpoint, &["--force"]);
     let to = migrate(&other.endpoint, &held.endpoint, &["--force"]);
@@ -628,13 +546,5 @@ async fn a_running_servers_sqlite_file_is_refused_by_migrate_and_restore() {
             text(&output)
         );
     }
-    let got = kv
-        .range(RangeRequest {
-            key: b"k".to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(got.kvs[0].value, b"v");
+    assert_eq!(get(&mut kv, "k").await.kvs[0].value, b"v");
 }

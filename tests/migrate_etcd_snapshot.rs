@@ -10,36 +10,18 @@ mod common;
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use common::datastore::FreshDatabase;
-use common::migration::{all_keys, leases, migrate, put_in_txns, text};
-use common::{Cetera, Etcd, channel, etcdctl_35, run_etcdctl};
-
-/// The revision in etcdctl's `-w json` output.
-fn json_revision(output: &str) -> i64 {
-    output
-        .split("\"revision\":")
-        .nth(1)
-        .unwrap()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
+use common::migration::{
+    all_keys, assert_prints, etcdctl_on, json_revision, leases, migrate, put_in_txns, text,
+};
+use common::{Cetera, Etcd, channel, etcdctl_35};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imports_an_etcdctl_snapshot_with_its_history() {
     let (Some(etcd), Some(etcdctl)) = (Etcd::start().await, etcdctl_35()) else {
         return;
     };
-    let ctl = |args: &[&str]| {
-        let output = run_etcdctl(&etcdctl, &etcd.addr(), args);
-        assert!(
-            output.status.success(),
-            "etcdctl {args:?}: {}",
-            text(&output)
-        );
-        String::from_utf8_lossy(&output.stdout).to_string()
-    };
+    let addr = etcd.addr();
+    let ctl = etcdctl_on(&etcdctl, &addr);
     // Old history, compacted away: versions and a deletion below it.
     for i in 0..5 {
         ctl(&["put", &format!("/app/{i}"), &format!("one{i}")]);
@@ -85,23 +67,18 @@ async fn imports_an_etcdctl_snapshot_with_its_history() {
     );
     assert!(output.status.success(), "migrate: {}", text(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains(&format!(
-            "migrated: revision {current}, compact revision {compact_at}, history kept"
-        )),
-        "{stdout}"
+    assert_prints(
+        &stdout,
+        &format!("migrated: revision {current}, compact revision {compact_at}, history kept"),
     );
-    assert!(
-        stdout.contains(&format!(
+    assert_prints(
+        &stdout,
+        &format!(
             "verified keys at revision {current}: source {0} target {0}",
             live.len()
-        )),
-        "{stdout}"
+        ),
     );
-    assert!(
-        stdout.contains("verified leases: source 1 target 1"),
-        "{stdout}"
-    );
+    assert_prints(&stdout, "verified leases: source 1 target 1");
 
     let server = Cetera::start_on(&target.endpoint).await;
     // Every readable revision, from the compact revision on, is the same.

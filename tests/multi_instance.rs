@@ -29,6 +29,13 @@ fn shared_backend() -> bool {
     true
 }
 
+/// The revision the server `client` is connected to reports now (in the header of a
+/// read).
+async fn current_revision(client: &mut Client) -> i64 {
+    let read = client.get("x", None).await.unwrap();
+    read.header().unwrap().revision()
+}
+
 /// Compare-and-swap increments of a few counters until `stop`; returns the
 /// revision of every acknowledged increment.
 async fn cas_writer(endpoint: String, writes: usize) -> Vec<i64> {
@@ -102,16 +109,8 @@ async fn two_instances_share_dense_ordered_revisions() {
     }
     let a = Cetera::start().await;
     let b = Cetera::start_on(a.datastore_endpoint()).await;
-    let start = Client::connect([a.endpoint()], None)
-        .await
-        .unwrap()
-        .get("x", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision()
-        + 1;
+    let mut client = Client::connect([a.endpoint()], None).await.unwrap();
+    let start = current_revision(&mut client).await + 1;
 
     let watch_a = tokio::spawn(watch_revisions(a.endpoint(), start));
     let watch_b = tokio::spawn(watch_revisions(b.endpoint(), start));
@@ -134,7 +133,6 @@ async fn two_instances_share_dense_ordered_revisions() {
     );
 
     // One last write tells the watchers they have seen everything.
-    let mut client = Client::connect([a.endpoint()], None).await.unwrap();
     let end = client
         .put("/cas/end", "0", None)
         .await
@@ -300,14 +298,7 @@ async fn a_second_instance_delivers_what_it_reports() {
         };
         let b = Cetera::start_on(&b_endpoint).await;
         let mut reader = Client::connect([b.endpoint()], None).await.unwrap();
-        let start = reader
-            .get("x", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision()
-            + 1;
+        let start = current_revision(&mut reader).await + 1;
         let mut delivered = delivered_through(b.endpoint(), "/burst/", start).await;
 
         for burst in 0..BURSTS {
@@ -327,13 +318,7 @@ async fn a_second_instance_delivers_what_it_reports() {
                 writer.await.unwrap();
             }
             // What B reports, B's watchers must deliver, with no further write.
-            let reported = reader
-                .get("x", None)
-                .await
-                .unwrap()
-                .header()
-                .unwrap()
-                .revision();
+            let reported = current_revision(&mut reader).await;
             let reached = tokio::time::timeout(
                 Duration::from_secs(10),
                 delivered.wait_for(|&revision| revision >= reported),

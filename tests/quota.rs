@@ -527,22 +527,7 @@ async fn defragment_and_disarm_reenable_writes() {
     let mut maintenance = MaintenanceClient::new(channel);
     let refused = fill_until_refused(&mut kv, noise).await;
     assert!(refused.is_some(), "the store never filled");
-    let deleted = kv
-        .delete_range(DeleteRangeRequest {
-            key: b"big/".to_vec(),
-            range_end: b"big0".to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let revision = deleted.header.unwrap().revision;
-    kv.compact(CompactionRequest {
-        revision,
-        physical: true,
-    })
-    .await
-    .unwrap();
+    common::kv_fixtures::delete_and_compact(&mut kv, "big/", "big0").await;
     match maintenance.defragment(DefragmentRequest {}).await {
         Err(status) if status.code() == tonic::Code::Unimplemented => {
             eprintln!("skipped: Defragment is not implemented on this build");

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use cetera::proto::etcdserverpb::{PutRequest, RangeRequest, kv_client::KvClient};
+use cetera::proto::etcdserverpb::{PutRequest, kv_client::KvClient};
 use common::certs::Ca;
 use common::{Cetera, ClientTls, Etcd};
 use rcgen::ExtendedKeyUsagePurpose;
@@ -235,14 +235,7 @@ async fn rust_client_over_tls_and_https_member_urls() {
         .await
         .unwrap()
         .into_inner();
-    let got = kv
-        .range(RangeRequest {
-            key: b"k".to_vec(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let got = common::kv_fixtures::get(&mut kv, "k").await;
     assert_eq!(got.kvs[0].value, b"v");
     assert_eq!(got.kvs[0].mod_revision, put.header.unwrap().revision);
 

@@ -17,8 +17,10 @@ use cetera::proto::etcdserverpb::StatusRequest;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use tempfile::TempDir;
 
+use super::cetera_server::{cetera_bin, serve_args};
+use super::client::local_addr;
 use super::fault_proxy::FaultProxy;
-use super::{PORT_RETRIES, Proc, fail_startup, free_port};
+use super::process::{PORT_RETRIES, Proc, free_port};
 
 /// The cluster token of test clusters.
 pub const TOKEN: &str = "test-cluster-token";
@@ -42,7 +44,7 @@ pub struct Member {
 impl Member {
     /// `127.0.0.1:PORT` of its etcd API.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        local_addr(self.port)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -84,29 +86,18 @@ impl Member {
     /// port if the chosen one turns out to be taken (tests run in parallel).
     async fn launch(&mut self) {
         for attempt in 1..=PORT_RETRIES {
-            let mut args = vec![
-                "--listen-address".to_string(),
-                self.addr(),
-                "--endpoint".to_string(),
-                self.datastore().display().to_string(),
-            ];
+            let mut args = serve_args(&self.addr(), &self.datastore().display().to_string());
             args.extend(self.args.iter().cloned());
             self.runs += 1;
             let log = self.dir.join(format!("cetera-{}.log", self.runs));
-            let mut proc = Proc::spawn(Path::new(env!("CARGO_BIN_EXE_cetera")), &args, log);
-            match proc.wait_ready(self.port, "cetera member", None).await {
-                Ok(()) => {
-                    self.proc = Some(proc);
-                    return;
-                }
-                Err((in_use, message)) => {
-                    proc.kill();
-                    if !(in_use && attempt < PORT_RETRIES) {
-                        fail_startup(&format!("{message} (args: {args:?})"), &proc.log);
-                    }
-                    self.port = free_port();
-                }
+            let (port, name) = (self.port, "cetera member");
+            if let Some(proc) =
+                Proc::spawn_ready(cetera_bin(), &args, log, port, name, None, attempt).await
+            {
+                self.proc = Some(proc);
+                return;
             }
+            self.port = free_port();
         }
     }
 

@@ -8,7 +8,10 @@ use cetera::proto::etcdserverpb::StatusRequest;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use tempfile::TempDir;
 
-use super::{PORT_RETRIES, Proc, channel, etcd_bin, etcd_member_args, fail_startup, free_port};
+use super::client::{channel, local_url};
+use super::etcd_server::etcd_member_args;
+use super::process::{PORT_RETRIES, Proc, fail_startup, free_port};
+use super::reference_binaries::etcd_bin;
 
 /// How long `leader` waits for the members to agree on a leader.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,14 +42,14 @@ impl EtcdCluster {
             .expect("create tempdir");
         for attempt in 1..=PORT_RETRIES {
             let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-            let peer_url = |i: usize| format!("http://127.0.0.1:{}", ports[i].1);
+            let peer_url = |i: usize| local_url(ports[i].1);
             let initial_cluster = (0..n)
                 .map(|i| format!("m{i}={}", peer_url(i)))
                 .collect::<Vec<_>>()
                 .join(",");
             let mut procs: Vec<Proc> = (0..n)
                 .map(|i| {
-                    let client_url = format!("http://127.0.0.1:{}", ports[i].0);
+                    let client_url = local_url(ports[i].0);
                     let data_dir = dir.path().join(format!("data-{attempt}-m{i}"));
                     let args = etcd_member_args(
                         &format!("m{i}"),
@@ -94,10 +97,7 @@ impl EtcdCluster {
 
     /// The members' gRPC endpoints, `http://127.0.0.1:PORT`, in member order.
     pub fn endpoints(&self) -> Vec<String> {
-        self.client_ports
-            .iter()
-            .map(|port| format!("http://127.0.0.1:{port}"))
-            .collect()
+        self.client_ports.iter().copied().map(local_url).collect()
     }
 
     /// The index of the member whose Status says it leads (waiting up to 10 s

@@ -2,18 +2,22 @@
 //! command, and read a whole store back (every key at a revision, every lease
 //! with its keys) to compare the two sides of a migration.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
-    LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+    LeaseLeasesRequest, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest, RequestOp,
+    TxnRequest,
 };
 use cetera::proto::mvccpb::KeyValue;
 use tonic::transport::Channel;
 
-use super::channel;
+use super::client::channel;
+use super::etcdctl::run_etcdctl;
+use super::kv_fixtures::range_all;
 
 /// Puts `count` keys in transactions of 100 puts each (one revision per
 /// transaction); `key_value(n)` gives the `n`th key and value.
@@ -53,6 +57,39 @@ pub fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
         .expect("run cetera migrate")
 }
 
+/// Asserts that `output` is of a command that succeeded, showing its output if not.
+pub fn assert_success(output: &Output, what: &str) {
+    assert!(output.status.success(), "{what} failed: {}", text(output));
+}
+
+/// Asserts that `stdout` contains `part`, showing all of it if not.
+pub fn assert_prints(stdout: &str, part: &str) {
+    assert!(stdout.contains(part), "{stdout}");
+}
+
+/// The revision in etcdctl's `-w json` output.
+pub fn json_revision(output: &str) -> i64 {
+    output
+        .split("\"revision\":")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Runs etcdctl on `addr` with the arguments it is given, asserts that it succeeded and
+/// returns its stdout.
+pub fn etcdctl_on<'a>(etcdctl: &'a Path, addr: &'a str) -> impl Fn(&[&str]) -> String + 'a {
+    move |args| {
+        let output = run_etcdctl(etcdctl, addr, args);
+        assert_success(&output, &format!("etcdctl {args:?}"));
+        String::from_utf8_lossy(&output.stdout).to_string()
+    }
+}
+
 /// A command's stdout then stderr, as text.
 pub fn text(output: &Output) -> String {
     format!(
@@ -65,13 +102,7 @@ pub fn text(output: &Output) -> String {
 /// Every key at `revision` (0: current) with the header's revision, or the error message.
 pub async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValue>), String> {
     let mut kv = KvClient::new(channel(endpoint).await).max_decoding_message_size(usize::MAX);
-    let request = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        revision,
-        ..Default::default()
-    };
-    match kv.range(request).await {
+    match kv.range(range_all(revision)).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             Ok((resp.header.unwrap().revision, resp.kvs))
@@ -80,9 +111,10 @@ pub async fn all_keys(endpoint: &str, revision: i64) -> Result<(i64, Vec<KeyValu
     }
 }
 
-/// Each lease: id, granted TTL, remaining TTL and its keys.
-pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
-    let mut lease = LeaseClient::new(channel(endpoint).await);
+/// Each lease's id and TimeToLive (with its keys, in the order the server gives), in id
+/// order.
+pub async fn lease_ttls(channel: Channel) -> Vec<(i64, LeaseTimeToLiveResponse)> {
+    let mut lease = LeaseClient::new(channel);
     let list = lease.lease_leases(LeaseLeasesRequest {}).await.unwrap();
     let mut ids: Vec<i64> = list.into_inner().leases.iter().map(|l| l.id).collect();
     ids.sort();
@@ -93,9 +125,19 @@ pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
             .await
             .unwrap()
             .into_inner();
-        let mut keys = ttl.keys;
-        keys.sort();
-        rows.push((id, ttl.granted_ttl, ttl.ttl, keys));
+        rows.push((id, ttl));
     }
     rows
+}
+
+/// Each lease: id, granted TTL, remaining TTL and its keys (sorted).
+pub async fn leases(endpoint: &str) -> Vec<(i64, i64, i64, Vec<Vec<u8>>)> {
+    let ttls = lease_ttls(channel(endpoint).await).await;
+    ttls.into_iter()
+        .map(|(id, ttl)| {
+            let mut keys = ttl.keys;
+            keys.sort();
+            (id, ttl.granted_ttl, ttl.ttl, keys)
+        })
+        .collect()
 }

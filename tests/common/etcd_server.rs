@@ -1,0 +1,130 @@
+//! The reference server: real etcd 3.5.1, a single member on 127.0.0.1 with
+//! its data in a tempdir.
+
+use std::path::Path;
+
+use tempfile::TempDir;
+
+use super::client::{ClientTls, local_addr, local_url};
+use super::process::{PORT_RETRIES, Proc, free_port};
+use super::reference_binaries::etcd_bin;
+
+/// The command line of one real etcd member: its name, data dir, client and peer URLs
+/// (listened on and advertised) and the `--initial-cluster` it founds with.
+pub fn etcd_member_args(
+    name: &str,
+    data_dir: &Path,
+    client_url: &str,
+    peer_url: &str,
+    initial_cluster: &str,
+) -> Vec<String> {
+    [
+        "--name",
+        name,
+        "--data-dir",
+        &data_dir.display().to_string(),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        initial_cluster,
+        "--log-level",
+        "error",
+        // Durability is not under test; skipping fsync keeps tests fast on a
+        // loaded machine and does not change any response.
+        "--unsafe-no-fsync",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Real etcd 3.5.1, a single member on 127.0.0.1 with its data in a tempdir.
+pub struct Etcd {
+    proc: Proc,
+    client_port: u16,
+    dir: TempDir,
+}
+
+impl Etcd {
+    /// Starts etcd with default options. `None` (after a loud warning) when the binary is
+    /// not installed and not in CI.
+    pub async fn start() -> Option<Etcd> {
+        Etcd::start_with(&[]).await
+    }
+
+    /// Starts etcd with extra flags, e.g. `["--max-txn-ops", "4"]`.
+    pub async fn start_with(extra_args: &[&str]) -> Option<Etcd> {
+        Etcd::launch(extra_args, None).await
+    }
+
+    /// Starts etcd serving TLS on its client port (https URLs), with TLS
+    /// flags among `extra_args`; the readiness probe connects with `tls`.
+    pub async fn start_tls(extra_args: &[&str], tls: ClientTls) -> Option<Etcd> {
+        Etcd::launch(extra_args, Some(&tls)).await
+    }
+
+    async fn launch(extra_args: &[&str], tls: Option<&ClientTls>) -> Option<Etcd> {
+        let bin = etcd_bin()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let dir = tempfile::Builder::new()
+            .prefix("etcd-test-")
+            .tempdir()
+            .expect("create tempdir");
+        for attempt in 1..=PORT_RETRIES {
+            let (client, peer) = (free_port(), free_port());
+            let client_url = format!("{scheme}://127.0.0.1:{client}");
+            let peer_url = local_url(peer);
+            let data_dir = dir.path().join(format!("data-{attempt}"));
+            let mut args = etcd_member_args(
+                "default",
+                &data_dir,
+                &client_url,
+                &peer_url,
+                &format!("default={peer_url}"),
+            );
+            args.extend(extra_args.iter().map(|s| s.to_string()));
+            let log = dir.path().join(format!("etcd-{attempt}.log"));
+            if let Some(proc) =
+                Proc::spawn_ready(&bin, &args, log, client, "etcd", tls, attempt).await
+            {
+                return Some(Etcd {
+                    proc,
+                    client_port: client,
+                    dir,
+                });
+            }
+        }
+        unreachable!("the last attempt either returns or panics")
+    }
+
+    /// gRPC endpoint URL, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        local_url(self.client_port)
+    }
+
+    /// `127.0.0.1:PORT`, the form etcdctl's `--endpoints` takes.
+    pub fn addr(&self) -> String {
+        local_addr(self.client_port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// Everything etcd printed so far.
+    pub fn log(&self) -> String {
+        self.proc.log_text()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.proc.kill();
+    }
+}
