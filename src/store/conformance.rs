@@ -844,10 +844,11 @@ mod sqlite {
 }
 
 /// Keep-alives answered from memory: the deadline moves before it is
-/// stored, TimeToLive counts from it, and a clean stop stores it and clears
-/// `covered_until`.
+/// stored, TimeToLive counts from it, a deadline is stored once the stored
+/// one is within `STORE_AHEAD_MS`, and a clean stop stores the rest and
+/// clears `covered_until`.
 #[tokio::test]
-async fn sqlite_keep_alives_from_memory_are_stored_at_stop() {
+async fn sqlite_keep_alives_from_memory_are_stored_when_due_and_at_stop() {
     use crate::backend::sqlite::Sqlite;
     use crate::store::StoreOptions;
 
@@ -860,6 +861,10 @@ async fn sqlite_keep_alives_from_memory_are_stored_at_stop() {
             .unwrap();
         (lease.expires_at, covered.unwrap_or(0))
     }
+    async fn grant(store: &Store<Sqlite>, ttl: i64) -> i64 {
+        let req = LeaseGrantRequest { ttl, id: 0 };
+        store.lease_grant(req).await.unwrap().id
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
@@ -870,40 +875,48 @@ async fn sqlite_keep_alives_from_memory_are_stored_at_stop() {
     let store = Store::open_with(Sqlite::open(&path).unwrap(), options)
         .await
         .unwrap();
-    let id = store
-        .lease_grant(LeaseGrantRequest { ttl: 30, id: 0 })
-        .await
-        .unwrap()
-        .id;
+    let (short, long) = (grant(&store, 3).await, grant(&store, 60).await);
     // The first keep-alive is stored, and opens the cover for the next.
-    store.lease_keep_alive(id).await.unwrap();
-    let (first, covered) = stored(&store, id).await;
-    assert!(covered > first - 30_000, "covered until {covered}");
+    store.lease_keep_alive(short).await.unwrap();
+    let (first, covered) = stored(&store, short).await;
+    assert!(covered > first - 3_000, "covered until {covered}");
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    assert_eq!(store.lease_keep_alive(id).await.unwrap().ttl, 30);
-    let in_memory = store
-        .lease_deadlines
-        .as_ref()
-        .unwrap()
-        .deadline(id)
-        .unwrap();
-    assert_eq!(stored(&store, id).await.0, first, "not stored yet");
-    assert!(in_memory >= first + 20);
-    // The writer stores it within STORE_INTERVAL, with no request to carry it.
-    tokio::time::sleep(super::lease_deadlines::STORE_INTERVAL * 2).await;
-    assert_eq!(stored(&store, id).await.0, in_memory, "stored in time");
+    for id in [short, long] {
+        assert!(store.lease_keep_alive(id).await.unwrap().ttl > 0);
+    }
+    let in_memory = |id| {
+        store
+            .lease_deadlines
+            .as_ref()
+            .unwrap()
+            .deadline(id)
+            .unwrap()
+    };
+    let (short_deadline, long_deadline) = (in_memory(short), in_memory(long));
+    assert_eq!(stored(&store, short).await.0, first, "not stored yet");
+    assert!(short_deadline >= first + 20);
     let ttl = store
-        .lease_time_to_live(&LeaseTimeToLiveRequest { id, keys: false })
+        .lease_time_to_live(&LeaseTimeToLiveRequest {
+            id: long,
+            keys: false,
+        })
         .await
         .unwrap()
         .ttl;
-    assert_eq!(ttl, (in_memory - super::apply::now_ms() - 1) / 1000);
+    assert_eq!(ttl, (long_deadline - super::apply::now_ms() - 1) / 1000);
+    // The writer commits within STORE_INTERVAL with no request to carry
+    // it: the short lease's deadline is due, the long one's is not.
+    tokio::time::sleep(super::lease_deadlines::STORE_INTERVAL * 2).await;
+    let (stored_short, covered_after) = stored(&store, short).await;
+    assert_eq!(stored_short, short_deadline, "stored when due");
+    assert!(covered_after > covered, "the cover moved on");
+    assert!(stored(&store, long).await.0 < long_deadline, "not due yet");
     store.shutdown().await;
 
     let store = Store::open(Sqlite::open(&path).unwrap()).await.unwrap();
     assert_eq!(
-        stored(&store, id).await,
-        (in_memory, 0),
+        stored(&store, long).await,
+        (long_deadline, 0),
         "a clean stop stores the deadline and promised nothing unstored"
     );
 }

@@ -1,23 +1,27 @@
-//! Lease keep-alives answered from memory, their deadlines stored in
-//! batches: on a store that is its database's only writer (SQLite, one
-//! server), a keep-alive of a lease the writer knows needs no commit of its
-//! own. The writer keeps every known lease's deadline here, answers a batch
-//! of such keep-alives without a transaction, and stores the deadlines they
-//! moved with its next commit, at the latest `STORE_INTERVAL` later.
+//! Lease keep-alives answered from memory, their deadlines stored lazily:
+//! on a store that is its database's only writer (SQLite, one server), a
+//! keep-alive of a lease the writer knows needs no commit of its own. The
+//! writer keeps every known lease's deadline here and answers a batch of
+//! such keep-alives without a transaction. A moved deadline is stored only
+//! once the stored one comes within `STORE_AHEAD` of the present (or at a
+//! clean stop): a lease kept alive every TTL/3 is written about once per
+//! TTL - `STORE_AHEAD` instead of at every keep-alive, and the stored
+//! deadline of a live lease is always ahead of the last commit.
 //!
-//! The bound on a crash. Each commit that stores deadlines, or answers a
-//! keep-alive, also stores `covered_until` = its time + `COVER` in the
-//! settings, and a keep-alive is answered from memory only before the
-//! committed `covered_until`: so every promise made (a deadline of at most
-//! `covered_until` + TTL) is covered by what the database holds. After a
-//! kill -9, `recover` gives every lease alive at the last such commit at
-//! least `covered_until` + its TTL. A lease therefore never expires earlier
-//! than its last acknowledged keep-alive promised, and at most TTL + `COVER`
+//! The bound on a crash. While keep-alives are answered from memory the
+//! writer commits at least every `STORE_INTERVAL`, and each such commit
+//! stores `covered_until` = its time + `COVER_MS` in the settings; a
+//! keep-alive is answered from memory only before the committed
+//! `covered_until`, so every promise made is at most `covered_until` + TTL.
+//! After a kill -9, `recover` gives every lease whose stored deadline is
+//! after the last such commit (every lease alive then) at least
+//! `covered_until` + its TTL. A lease therefore never expires earlier than
+//! its last acknowledged keep-alive promised, and at most TTL + `COVER_MS`
 //! after the last commit before the crash. A clean stop stores every
 //! deadline and clears `covered_until`, so a restart keeps each lease's
 //! remaining time exactly.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -29,12 +33,18 @@ use crate::backend::settings::LEASE_RENEWALS_COVERED_UNTIL;
 use crate::backend::{Backend, BackendResult, LeaseRow, ReadTxn, WriteTxn};
 use crate::proto::etcdserverpb::LeaseKeepAliveResponse;
 
-/// Longest time a deadline moved by a keep-alive waits to be stored.
+/// Longest time between two commits while keep-alives are answered from
+/// memory.
 pub(crate) const STORE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// How long after a commit keep-alives may still be answered from memory:
 /// twice the store interval, so steady keep-alives never wait for a commit.
 const COVER_MS: i64 = 2 * STORE_INTERVAL.as_millis() as i64;
+
+/// A moved deadline is stored once the stored one is this close (ms): well
+/// past `COVER_MS` and the expirer's 500 ms, so no live lease looks expired
+/// in the database.
+const STORE_AHEAD_MS: i64 = 5_000;
 
 /// The writer's view of the leases' deadlines (see the module doc).
 #[derive(Debug, Default)]
@@ -44,15 +54,24 @@ pub(crate) struct LeaseDeadlines {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Leases as they are once `moved` is stored.
-    known: HashMap<i64, LeaseRow>,
-    /// Leases whose deadline moved since it was last stored.
-    moved: HashSet<i64>,
-    /// When the oldest of `moved` moved.
-    moved_at: Option<Instant>,
+    /// Every lease the writer granted or renewed, as it is now, and the
+    /// deadline the database holds for it.
+    known: HashMap<i64, Known>,
+    /// The leases whose deadline moved past the stored one, by stored
+    /// deadline (then id): the first are the first to store.
+    moved: BTreeSet<(i64, i64)>,
+    /// When the first keep-alive since the last commit was answered from
+    /// memory.
+    renewed_at: Option<Instant>,
     /// Until when (Unix ms) a keep-alive may be answered from memory: the
     /// committed `covered_until`.
     covered_until: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    lease: LeaseRow,
+    stored_until: i64,
 }
 
 /// What one commit stores: deadlines, and the new `covered_until`.
@@ -60,6 +79,34 @@ struct Inner {
 pub(crate) struct Stored {
     rows: Vec<LeaseRow>,
     covered_until: Option<i64>,
+}
+
+impl Inner {
+    /// Notes that the database holds `lease` as it is.
+    fn know(&mut self, lease: LeaseRow) {
+        self.forget(lease.id);
+        self.known.insert(
+            lease.id,
+            Known {
+                lease,
+                stored_until: lease.expires_at,
+            },
+        );
+    }
+
+    fn forget(&mut self, id: i64) {
+        if let Some(known) = self.known.remove(&id) {
+            self.moved.remove(&(known.stored_until, id));
+        }
+    }
+
+    /// The moved deadlines whose stored one is before `until`.
+    fn moved_before(&self, until: i64) -> Vec<LeaseRow> {
+        self.moved
+            .range(..(until, i64::MIN))
+            .map(|(_, id)| self.known[id].lease)
+            .collect()
+    }
 }
 
 impl LeaseDeadlines {
@@ -70,12 +117,15 @@ impl LeaseDeadlines {
     /// The deadline of lease `id` (Unix ms) if the writer knows it: newer
     /// than the database's until it is stored.
     pub(crate) fn deadline(&self, id: i64) -> Option<i64> {
-        self.inner().known.get(&id).map(|lease| lease.expires_at)
+        self.inner()
+            .known
+            .get(&id)
+            .map(|known| known.lease.expires_at)
     }
 
-    /// When the moved deadlines are due to be stored, if any wait.
+    /// When the writer must commit (see `STORE_INTERVAL`), if it must.
     pub(crate) fn store_due(&self) -> Option<Instant> {
-        self.inner().moved_at.map(|at| at + STORE_INTERVAL)
+        self.inner().renewed_at.map(|at| at + STORE_INTERVAL)
     }
 
     /// Answers `batch` from memory if it holds only keep-alives of known,
@@ -83,7 +133,7 @@ impl LeaseDeadlines {
     /// changes (the batch goes to the database).
     pub(crate) fn renew(&self, batch: &[Queued]) -> Option<Vec<StoreResult<WriteResponse>>> {
         let mut inner = self.inner();
-        // An empty batch is the writer's call to store moved deadlines.
+        // An empty batch is the writer's call to commit.
         let answerable = !batch.is_empty()
             && batch.iter().all(|queued| match queued.request {
                 WriteRequest::LeaseKeepAlive(id) => {
@@ -92,24 +142,24 @@ impl LeaseDeadlines {
                         && inner
                             .known
                             .get(&id)
-                            .is_some_and(|lease| lease.expires_at > queued.at_ms)
+                            .is_some_and(|known| known.lease.expires_at > queued.at_ms)
                 }
                 _ => false,
             });
         if !answerable {
             return None;
         }
+        inner.renewed_at.get_or_insert_with(Instant::now);
         let answers = batch
             .iter()
             .map(|queued| {
                 let WriteRequest::LeaseKeepAlive(id) = queued.request else {
                     unreachable!("checked above: only keep-alives");
                 };
-                let lease = inner.known.get_mut(&id).expect("checked above");
-                lease.expires_at = queued.at_ms.saturating_add(lease.ttl.saturating_mul(1000));
-                let ttl = lease.ttl;
-                inner.moved.insert(id);
-                inner.moved_at.get_or_insert_with(Instant::now);
+                let known = inner.known.get_mut(&id).expect("checked above");
+                known.lease = row(id, known.lease.ttl, queued.at_ms);
+                let (ttl, stored_until) = (known.lease.ttl, known.stored_until);
+                inner.moved.insert((stored_until, id));
                 Ok(WriteResponse::LeaseKeepAlive(LeaseKeepAliveResponse {
                     header: None,
                     id,
@@ -121,14 +171,16 @@ impl LeaseDeadlines {
     }
 
     /// What a commit at `now_ms` of `batch` stores along with it: the moved
-    /// deadlines, and a new `covered_until` when it stores any or answers a
-    /// keep-alive (so that later ones can be answered from memory).
+    /// deadlines whose stored one is due, and a new `covered_until` when
+    /// keep-alives were or are to be answered (so that later ones can be
+    /// answered from memory).
     pub(crate) fn to_store(&self, batch: &[Queued], now_ms: i64) -> Stored {
         let inner = self.inner();
-        let rows: Vec<LeaseRow> = inner.moved.iter().map(|id| inner.known[id]).collect();
-        let renews = batch.iter().any(|queued| {
-            queued.mark.is_none() && matches!(queued.request, WriteRequest::LeaseKeepAlive(_))
-        });
+        let rows = inner.moved_before(now_ms + STORE_AHEAD_MS);
+        let renews = inner.renewed_at.is_some()
+            || batch.iter().any(|queued| {
+                queued.mark.is_none() && matches!(queued.request, WriteRequest::LeaseKeepAlive(_))
+            });
         Stored {
             covered_until: (renews || !rows.is_empty()).then_some(now_ms + COVER_MS),
             rows,
@@ -144,15 +196,13 @@ impl LeaseDeadlines {
         answers: &[StoreResult<WriteResponse>],
     ) {
         let mut inner = self.inner();
-        for row in &stored.rows {
-            inner.moved.remove(&row.id);
-        }
-        if inner.moved.is_empty() {
-            inner.moved_at = None;
+        for lease in stored.rows {
+            inner.know(lease);
         }
         if let Some(covered_until) = stored.covered_until {
             inner.covered_until = covered_until;
         }
+        inner.renewed_at = None;
         for (queued, answer) in batch.iter().zip(answers) {
             if queued.mark.is_some() {
                 continue;
@@ -160,25 +210,17 @@ impl LeaseDeadlines {
             let from = queued.at_ms;
             match (&queued.request, answer) {
                 (WriteRequest::LeaseGrant(_), Ok(WriteResponse::LeaseGrant(granted))) => {
-                    inner
-                        .known
-                        .insert(granted.id, row(granted.id, granted.ttl, from));
+                    inner.know(row(granted.id, granted.ttl, from));
                 }
                 (WriteRequest::LeaseKeepAlive(id), Ok(WriteResponse::LeaseKeepAlive(renewed)))
                     if renewed.ttl > 0 =>
                 {
-                    inner.known.insert(*id, row(*id, renewed.ttl, from));
+                    inner.know(row(*id, renewed.ttl, from));
                 }
                 (
                     WriteRequest::LeaseRevoke(id) | WriteRequest::LeaseExpire(id),
                     Ok(WriteResponse::LeaseRevoke(_) | WriteResponse::LeaseExpire(true)),
-                ) => {
-                    inner.known.remove(id);
-                    inner.moved.remove(id);
-                    if inner.moved.is_empty() {
-                        inner.moved_at = None;
-                    }
-                }
+                ) => inner.forget(*id),
                 _ => {}
             }
         }
@@ -212,7 +254,7 @@ impl Stored {
     pub(crate) fn at_stop(deadlines: &LeaseDeadlines) -> Stored {
         let inner = deadlines.inner();
         Stored {
-            rows: inner.moved.iter().map(|id| inner.known[id]).collect(),
+            rows: inner.moved_before(i64::MAX),
             covered_until: (inner.covered_until > 0).then_some(0),
         }
     }
