@@ -620,7 +620,13 @@ async fn members_talk_over_mutual_tls() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
     let dir = tempfile::tempdir().unwrap();
     let ca = common::certs::Ca::new("peer CA");
-    let names = ["localhost", "127.0.0.1", "127.0.0.2", "127.0.0.3"];
+    let names = [
+        "localhost",
+        "127.0.0.1",
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.4",
+    ];
     let (cert, key) = ca.issue_for("member", &names, &[ServerAuth, ClientAuth]);
     let file = |name: &str, text: &str| {
         let path = dir.path().join(name);

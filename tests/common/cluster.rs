@@ -1,6 +1,8 @@
 //! A replicated cetera cluster for tests: N members on one SQLite file each,
 //! the first founding the cluster (`--cluster-init`), the others joining it.
-//! Member i serves peers on 127.0.0.(i+1) and sends from that address, and
+//! Member i serves peers on 127.0.0.(i+2) and sends from that address (never
+//! 127.0.0.1, where every test server takes its client port, so that a peer
+//! port is never taken by another test's server), and
 //! (unless started direct) other members reach it through a `FaultProxy`, so
 //! that a test can cut one member off from the rest (`isolate`) and heal the
 //! cut.
@@ -321,7 +323,7 @@ impl Cluster {
 
 /// The address member `i` serves peers on and sends from.
 fn member_ip(i: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, i as u8 + 1))
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, i as u8 + 2))
 }
 
 fn free_port_on(ip: IpAddr) -> u16 {
