@@ -187,6 +187,15 @@ impl LeaseDeadlines {
         }
     }
 
+    /// Notes a failed commit: the next try to store is a `STORE_INTERVAL`
+    /// away, so that a failing database is not asked again at once.
+    pub(crate) fn commit_failed(&self) {
+        let mut inner = self.inner();
+        if inner.renewed_at.is_some() || !inner.moved.is_empty() {
+            inner.renewed_at = Some(Instant::now());
+        }
+    }
+
     /// Notes a commit: what it stored, and the leases its requests granted,
     /// renewed, revoked or expired.
     pub(crate) fn committed(

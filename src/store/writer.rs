@@ -181,8 +181,9 @@ pub fn start<B: Backend>(
     }
 }
 
-/// Waits for the next requests, or until moved lease deadlines are due to
-/// be stored (then `batch` stays empty). False once every sender is gone.
+/// Waits for the next requests, or until the writer must commit for the
+/// keep-alives it answered from memory (then `batch` stays empty). False
+/// once every sender is gone.
 async fn next_batch(
     queue: &mut mpsc::Receiver<Queued>,
     batch: &mut Vec<Queued>,
@@ -237,6 +238,10 @@ async fn run<B: Backend>(
             }
             Err(error) => {
                 tracing::error!("write batch failed: {error:#}");
+                if let Some(deadlines) = &deadlines {
+                    // Tried again in a while, not at once.
+                    deadlines.commit_failed();
+                }
                 let message = format!("{error:#}");
                 let unavailable = Unavailable::is(&error);
                 for queued in batch.drain(..) {
