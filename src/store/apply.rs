@@ -6,7 +6,7 @@
 
 mod lease;
 
-pub use self::lease::now_ms;
+pub use self::lease::{lease_deadline, now_ms};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -241,7 +241,7 @@ fn row(id: i64, ttl: i64, from_ms: i64) -> LeaseRow {
     LeaseRow {
         id,
         ttl,
-        expires_at: from_ms.saturating_add(ttl.saturating_mul(1000)),
+        expires_at: super::apply::lease_deadline(from_ms, ttl),
     }
 }
 

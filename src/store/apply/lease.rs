@@ -24,6 +24,12 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// The deadline (Unix ms) of a lease of `ttl` seconds granted or renewed at
+/// `from_ms`.
+pub fn lease_deadline(from_ms: i64, ttl: i64) -> i64 {
+    from_ms.saturating_add(ttl.saturating_mul(1000))
+}
+
 impl<T: WriteTxn> Applier<'_, T> {
     /// LeaseGrant: a client-chosen id, or a fresh positive one (chosen by
     /// `Store::lease_grant` before the request is queued, so that every
@@ -44,7 +50,7 @@ impl<T: WriteTxn> Applier<'_, T> {
             .put_lease(&LeaseRow {
                 id,
                 ttl,
-                expires_at: self.now_ms.saturating_add(ttl.saturating_mul(1000)),
+                expires_at: lease_deadline(self.now_ms, ttl),
             })
             .await?;
         Ok(LeaseGrantResponse {
@@ -82,7 +88,7 @@ impl<T: WriteTxn> Applier<'_, T> {
         let ttl = match self.txn.lease(id).await? {
             Some(lease) if lease.expires_at > now => {
                 let renewed = LeaseRow {
-                    expires_at: now.saturating_add(lease.ttl.saturating_mul(1000)),
+                    expires_at: lease_deadline(now, lease.ttl),
                     ..lease
                 };
                 self.txn.put_lease(&renewed).await?;
