@@ -72,6 +72,21 @@ impl Unavailable {
     }
 }
 
+/// A read at a revision whose rows a compaction removed after the read's
+/// snapshot began (a backend that keeps its key index outside the database's
+/// transactions can tell only then); the store answers it as etcd answers
+/// any read below the compact revision.
+#[derive(Debug, thiserror::Error)]
+#[error("mvcc: required revision has been compacted")]
+pub struct Compacted;
+
+impl Compacted {
+    /// Whether `error`, or an error it wraps, is a `Compacted`.
+    pub fn is(error: &BackendError) -> bool {
+        error.chain().any(|cause| cause.is::<Compacted>())
+    }
+}
+
 /// Revisions of the log read per query by copies and hashes that walk it
 /// page by page, so a large store is never in memory at once.
 pub const LOG_PAGE_REVISIONS: i64 = 1000;

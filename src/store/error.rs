@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use crate::backend::Unavailable;
+use crate::backend::{Compacted, Unavailable};
 
 /// A failed store operation.
 #[derive(Debug, Error)]
@@ -59,7 +59,16 @@ pub enum StoreError {
     Internal(String),
     /// The database failed.
     #[error("database error: {0:#}")]
-    Backend(#[from] anyhow::Error),
+    Backend(anyhow::Error),
+}
+
+impl From<anyhow::Error> for StoreError {
+    fn from(error: anyhow::Error) -> Self {
+        if Compacted::is(&error) {
+            return StoreError::Compacted;
+        }
+        StoreError::Backend(error)
+    }
 }
 
 impl StoreError {

@@ -4,12 +4,18 @@
 //! readers run beside the writer, each on a consistent snapshot. SQLite calls
 //! are short and run inline on the async task that makes them.
 //!
+//! The database holds one table of keys, the log, ordered by revision: a
+//! commit appends rows at its end. Which row holds a key's state at a
+//! revision is the key index's answer, kept in memory (`key_index`).
+//!
 //! The code is split by concern: this file opens the database (its lock
-//! file, connections, migrations) and implements `Backend`; `txn` holds the
-//! transactions and their writes, `queries` the statements they read with,
-//! and `checkpointer` moves the WAL into the database file on its own thread.
+//! file, connections, migrations, the key index) and implements `Backend`;
+//! `txn` holds the transactions and their writes, `queries` the statements
+//! they read with, `key_index` the index, and `checkpointer` moves the WAL
+//! into the database file on its own thread.
 
 mod checkpointer;
+mod key_index;
 mod queries;
 mod txn;
 
@@ -21,6 +27,8 @@ use anyhow::Context;
 use rusqlite::{Connection, OpenFlags};
 
 use self::checkpointer::Checkpointer;
+use self::key_index::KeyIndex;
+use self::txn::SharedIndex;
 pub use self::txn::{SqliteRead, SqliteWrite};
 use super::{Backend, BackendResult, DatabaseSize};
 
@@ -37,6 +45,7 @@ pub struct Sqlite {
     writer: Arc<tokio::sync::Mutex<Connection>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     checkpointer: Arc<Checkpointer>,
+    index: SharedIndex,
     /// The lock file, held while the database is open; last, so that it is
     /// released only after the writer has closed.
     _lock: Option<std::fs::File>,
@@ -73,11 +82,13 @@ impl Sqlite {
             .run(&mut writer)
             .context("cannot apply SQLite migrations")?;
         checkpointer::watch_wal(&writer);
+        let index = KeyIndex::load(&writer).context("cannot read the log into the key index")?;
         Ok(Sqlite {
             path: path.to_path_buf(),
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
             readers: Arc::new(Mutex::new(Vec::new())),
             checkpointer: Arc::new(Checkpointer::start(path)?),
+            index: Arc::new(std::sync::RwLock::new(index)),
             _lock: lock,
         })
     }
@@ -136,16 +147,31 @@ impl Sqlite {
             .map(|m| i64::from(m.version()))
             .max()
             .unwrap_or(0);
-        if version.unwrap_or(0) > supported {
+        let version = version.unwrap_or(0);
+        if version > supported {
             anyhow::bail!(
-                "the snapshot has schema version {}, newer than this cetera's {supported}",
-                version.unwrap_or(0)
+                "the snapshot has schema version {version}, newer than this cetera's {supported}"
             );
+        }
+        if version < LOG_BY_REVISION_VERSION {
+            // An older cetera's snapshot: its log, keyed by (revision, sub),
+            // is read through a copy in the connection's own temporary
+            // database, which the file cannot be changed to hold.
+            conn.execute_batch(
+                "CREATE TEMP TABLE log (id INTEGER PRIMARY KEY, key BLOB NOT NULL, \
+                     value BLOB NOT NULL, create_revision INTEGER NOT NULL, \
+                     version INTEGER NOT NULL, lease INTEGER NOT NULL, deleted INTEGER NOT NULL);
+                 INSERT INTO temp.log SELECT (revision << 20) | sub, key, value, create_revision, \
+                     version, lease, deleted FROM main.log ORDER BY revision, sub;",
+            )
+            .context("cannot read the log of an older snapshot")?;
         }
         conn.execute_batch("BEGIN")?;
         Ok(SqliteRead {
             conn: Some(conn),
             pool: Arc::new(Mutex::new(Vec::new())),
+            index: None,
+            snapshot_revision: None,
         })
     }
 
@@ -277,6 +303,8 @@ impl Backend for Sqlite {
         Ok(SqliteRead {
             conn: Some(conn),
             pool: self.readers.clone(),
+            index: Some(self.index.clone()),
+            snapshot_revision: None,
         })
     }
 
@@ -290,6 +318,10 @@ impl Backend for Sqlite {
             read_current: 0,
             last_appended: 0,
             committed: false,
+            index: self.index.clone(),
+            replacement: None,
+            undo: Vec::new(),
+            removals: Vec::new(),
         })
     }
 
@@ -368,6 +400,9 @@ impl Backend for Sqlite {
     }
 }
 
+/// The schema version whose log is keyed by row id (V6__log_by_revision.sql).
+const LOG_BY_REVISION_VERSION: i64 = 6;
+
 /// Page cache of a bulk load, in KiB (a negative `cache_size` is KiB).
 const BULK_LOAD_CACHE_KIB: i64 = -65536;
 
@@ -384,7 +419,7 @@ fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::backend::{LogEntry, ReadTxn, WriteTxn};
+    use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn, WriteTxn};
     use crate::proto::mvccpb::KeyValue;
 
     /// A fresh, empty database in a temporary directory, which the guard
@@ -404,10 +439,10 @@ pub(crate) mod tests {
         let backend = Sqlite::open(&path).unwrap();
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
-        // A 64 KiB value takes 16 pages in the log and 16 in the live-key
-        // table: this writes about 1.5 times the checkpoint threshold.
+        // A 64 KiB value takes 16 pages of the log: this writes about 1.5
+        // times the checkpoint threshold.
         let value_bytes = 64 * 1024;
-        let puts = checkpointer::CHECKPOINT_PAGES as usize * 4096 * 3 / 2 / (2 * value_bytes);
+        let puts = checkpointer::CHECKPOINT_PAGES as usize * 4096 * 3 / 2 / value_bytes;
         for i in 0..puts {
             let revision = i as i64 + 2;
             let mut txn = backend.write().await.unwrap();
@@ -431,8 +466,9 @@ pub(crate) mod tests {
             txn.set_revisions(revisions).await.unwrap();
             txn.commit().await.unwrap();
         }
+        // The first checkpoint copies two thirds of what was written.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while size() < before + (puts * value_bytes) as u64 {
+        while size() < before + (puts * value_bytes / 2) as u64 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "no checkpoint: the database file stayed at {} bytes",
@@ -440,5 +476,97 @@ pub(crate) mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// An upgrade: a database of schema 5 (a live-key table beside a log
+    /// keyed by (revision, sub), as cetera wrote it before the key index)
+    /// opens with its history, live keys and leases, and its Snapshot-file
+    /// form reads the same.
+    #[tokio::test]
+    async fn a_database_from_before_the_key_index_opens_with_its_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let mut conn = open_connection(&path, false).unwrap();
+            migrations::migrations::runner()
+                .set_target(refinery::Target::Version(5))
+                .run(&mut conn)
+                .unwrap();
+            // a@2 put, a@3 put (lease 7), b@3 put (sub 1), b@4 deleted, c@5 put;
+            // keys and values are blobs, as cetera stores them.
+            conn.execute_batch(
+                "INSERT INTO log VALUES (2, 0, x'61', x'6f6e65', 2, 1, 0, 0);
+                 INSERT INTO log VALUES (3, 0, x'61', x'74776f', 2, 2, 7, 0);
+                 INSERT INTO log VALUES (3, 1, x'62', x'626565', 3, 1, 0, 0);
+                 INSERT INTO log VALUES (4, 0, x'62', x'', 0, 0, 0, 1);
+                 INSERT INTO log VALUES (5, 0, x'63', x'736561', 5, 1, 0, 0);
+                 INSERT INTO kv VALUES (x'61', x'74776f', 2, 3, 2, 7);
+                 INSERT INTO kv VALUES (x'63', x'736561', 5, 5, 1, 0);
+                 INSERT INTO lease VALUES (7, 60, 4102444800000);
+                 UPDATE meta SET revision = 5;",
+            )
+            .unwrap();
+        }
+        let snapshot = dir.path().join("old.snapshot");
+        std::fs::copy(&path, &snapshot).unwrap();
+
+        let everything = KeyRange {
+            start: Vec::new(),
+            end: None,
+        };
+        let kv = |key: &str, value: &str, create: i64, modified: i64, version: i64, lease: i64| {
+            KeyValue {
+                key: key.into(),
+                value: value.into(),
+                create_revision: create,
+                mod_revision: modified,
+                version,
+                lease,
+            }
+        };
+        let backend = Sqlite::open(&path).unwrap();
+        let mut txn = backend.read().await.unwrap();
+        assert_eq!(txn.revisions().await.unwrap().current, 5);
+        let now = txn
+            .range(&everything, ReadAt::Current, 0, false)
+            .await
+            .unwrap();
+        assert_eq!(
+            now,
+            vec![kv("a", "two", 2, 3, 2, 7), kv("c", "sea", 5, 5, 1, 0)]
+        );
+        let then = txn
+            .range(&everything, ReadAt::Revision(3), 0, false)
+            .await
+            .unwrap();
+        assert_eq!(
+            then,
+            vec![kv("a", "two", 2, 3, 2, 7), kv("b", "bee", 3, 3, 1, 0)]
+        );
+        assert_eq!(
+            txn.count(&everything, ReadAt::Revision(2)).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            txn.lease_keys(7).await.unwrap(),
+            vec![kv("a", "two", 2, 3, 2, 7)]
+        );
+        let log = txn.log_entries(3, 4).await.unwrap();
+        assert_eq!(log.len(), 1);
+        assert!(log[0].deleted);
+        drop(txn);
+        drop(backend);
+
+        let mut old = Sqlite::read_snapshot_file(&snapshot).unwrap();
+        assert_eq!(old.revisions().await.unwrap().current, 5);
+        assert_eq!(old.log_entries(0, 5).await.unwrap().len(), 5);
+        let now = old
+            .range(&everything, ReadAt::Current, 0, false)
+            .await
+            .unwrap();
+        assert_eq!(
+            now,
+            vec![kv("a", "two", 2, 3, 2, 7), kv("c", "sea", 5, 5, 1, 0)]
+        );
     }
 }

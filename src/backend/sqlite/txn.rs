@@ -2,15 +2,16 @@
 //! writer's transaction, their `ReadTxn` and `WriteTxn` impls and the write
 //! statements.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::checkpointer::{self, Checkpointer};
+use super::key_index::{KeyIndex, LATEST, MAX_CHANGES_PER_REVISION, Removal, Undo, row_id};
 use super::queries::{
-    query_alarms, query_auth_records, query_count, query_expired_leases, query_lease,
-    query_lease_keys, query_leases, query_log, query_range, query_revisions, query_setting,
+    query_alarms, query_auth_records, query_expired_leases, query_lease, query_leases, query_log,
+    query_revisions, query_rows, query_setting,
 };
 use super::return_reader;
 use crate::backend::{
@@ -19,10 +20,18 @@ use crate::backend::{
 };
 use crate::proto::mvccpb::KeyValue;
 
+/// The key index the server's transactions share.
+pub(super) type SharedIndex = Arc<RwLock<KeyIndex>>;
+
 /// A read transaction on a pooled connection; the snapshot is released on drop.
 pub struct SqliteRead {
     pub(super) conn: Option<Connection>,
     pub(super) pool: Arc<Mutex<Vec<Connection>>>,
+    /// The server's key index; for a snapshot file, one built from its log
+    /// when a read first needs it.
+    pub(super) index: Option<SharedIndex>,
+    /// The current revision of this snapshot, once read: what `Current` reads see.
+    pub(super) snapshot_revision: Option<i64>,
 }
 
 impl Drop for SqliteRead {
@@ -50,14 +59,35 @@ pub struct SqliteWrite {
     /// The revision of the last log row appended in this transaction.
     pub(super) last_appended: i64,
     pub(super) committed: bool,
+    /// The server's key index, which appends change at once (see `key_index`).
+    pub(super) index: SharedIndex,
+    /// After `clear`: the index this transaction builds, which replaces the
+    /// shared one at commit, so that readers meanwhile see the old store whole.
+    pub(super) replacement: Option<SharedIndex>,
+    /// What takes this transaction's appends out of `index` if it rolls back.
+    pub(super) undo: Vec<Undo>,
+    /// Compaction's removals, applied to `index` at commit.
+    pub(super) removals: Vec<Removal>,
 }
 
 impl Drop for SqliteWrite {
     fn drop(&mut self) {
         if !self.committed {
             let _ = self.conn.execute_batch("ROLLBACK");
+            let mut index = write_index(&self.index);
+            for undo in self.undo.drain(..).rev() {
+                index.undo(undo);
+            }
         }
     }
+}
+
+fn read_index(index: &SharedIndex) -> std::sync::RwLockReadGuard<'_, KeyIndex> {
+    index.read().expect("key index poisoned")
+}
+
+fn write_index(index: &SharedIndex) -> std::sync::RwLockWriteGuard<'_, KeyIndex> {
+    index.write().expect("key index poisoned")
 }
 
 /// The read queries, shared by read and write transactions.
@@ -78,15 +108,17 @@ macro_rules! impl_read_txn {
                 range: &KeyRange,
                 at: ReadAt,
                 limit: usize,
-                _keys_only: bool,
+                keys_only: bool,
             ) -> BackendResult<Vec<KeyValue>> {
+                let (index, revision) = self.view(at)?;
+                let ids = read_index(&index).range(range, revision, limit)?;
                 let $conn = self;
-                Ok(query_range($get, range, at, limit)?)
+                Ok(query_rows($get, &ids, keys_only)?)
             }
 
             async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
-                let $conn = self;
-                Ok(query_count($get, range, at)?)
+                let (index, revision) = self.view(at)?;
+                Ok(read_index(&index).count(range, revision)?)
             }
 
             async fn log_entries(
@@ -123,8 +155,13 @@ macro_rules! impl_read_txn {
             }
 
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
+                let (index, revision) = self.view(ReadAt::Current)?;
+                let ids = read_index(&index).lease_keys(id, revision)?;
                 let $conn = self;
-                Ok(query_lease_keys($get, id)?)
+                let mut keys = query_rows($get, &ids, false)?;
+                // Keys attached now that had another lease at the snapshot's revision.
+                keys.retain(|kv| kv.lease == id);
+                Ok(keys)
             }
 
             async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
@@ -152,13 +189,64 @@ macro_rules! impl_read_txn {
 }
 
 impl SqliteRead {
-    fn note_meta(&mut self, _meta: Revisions, _current: i64) {}
+    fn note_meta(&mut self, _meta: Revisions, current: i64) {
+        self.snapshot_revision = Some(current);
+    }
+
+    /// The index to read and the revision a read at `at` sees in it.
+    fn view(&mut self, at: ReadAt) -> BackendResult<(SharedIndex, i64)> {
+        let conn = self.conn.as_ref().expect("connection present until drop");
+        let index = match &self.index {
+            Some(index) => index.clone(),
+            None => {
+                let index = Arc::new(RwLock::new(KeyIndex::load(conn)?));
+                self.index.insert(index).clone()
+            }
+        };
+        let revision = match (at, self.snapshot_revision) {
+            (ReadAt::Revision(revision), _) => revision,
+            (ReadAt::Current, Some(current)) => current,
+            (ReadAt::Current, None) => {
+                let current = query_revisions(conn)?.0.current;
+                *self.snapshot_revision.insert(current)
+            }
+        };
+        Ok((index, revision))
+    }
 }
 
 impl SqliteWrite {
     fn note_meta(&mut self, meta: Revisions, current: i64) {
         self.meta = Some(meta);
         self.read_current = current;
+    }
+
+    /// The index to read and the revision a read at `at` sees in it: the
+    /// writer's own changes are the latest there are.
+    fn view(&mut self, at: ReadAt) -> BackendResult<(SharedIndex, i64)> {
+        let index = self.replacement.as_ref().unwrap_or(&self.index).clone();
+        let revision = match at {
+            ReadAt::Revision(revision) => revision,
+            ReadAt::Current => LATEST,
+        };
+        Ok((index, revision))
+    }
+
+    /// Removes log row `id` and notes the removal for the index.
+    fn remove_row(&mut self, id: i64) -> BackendResult<()> {
+        self.conn
+            .prepare_cached("DELETE FROM log WHERE id = ?1")?
+            .execute([id])?;
+        Ok(())
+    }
+
+    /// Applies `removal` to the index: to the replacement at once (nobody
+    /// else reads it), to the shared one at commit.
+    fn note_removal(&mut self, removal: Removal) {
+        match &self.replacement {
+            Some(replacement) => write_index(replacement).remove(vec![removal]),
+            None => self.removals.push(removal),
+        }
     }
 
     /// True if the log alone tells the store's counters after `revisions`:
@@ -180,15 +268,21 @@ impl_read_txn!(SqliteWrite, txn => &txn.conn);
 impl WriteTxn for SqliteWrite {
     async fn append(&mut self, entry: &LogEntry) -> BackendResult<()> {
         let kv = &entry.kv;
-        self.last_appended = self.last_appended.max(kv.mod_revision);
+        if !(0..MAX_CHANGES_PER_REVISION).contains(&entry.sub) {
+            anyhow::bail!(
+                "revision {} would change more than {MAX_CHANGES_PER_REVISION} keys, the most \
+                 one revision of the SQLite store holds",
+                kv.mod_revision
+            );
+        }
+        let id = row_id(kv.mod_revision, entry.sub);
         self.conn
             .prepare_cached(
-                "INSERT INTO log (revision, sub, key, value, create_revision, version, lease, deleted) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO log (id, key, value, create_revision, version, lease, deleted) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?
             .execute(params![
-                kv.mod_revision,
-                entry.sub,
+                id,
                 kv.key,
                 kv.value,
                 kv.create_revision,
@@ -196,24 +290,16 @@ impl WriteTxn for SqliteWrite {
                 kv.lease,
                 entry.deleted
             ])?;
-        if entry.deleted {
-            self.conn
-                .prepare_cached("DELETE FROM kv WHERE key = ?1")?
-                .execute([&kv.key])?;
-        } else {
-            self.conn
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO kv (key, value, create_revision, mod_revision, version, lease) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?
-                .execute(params![
-                    kv.key,
-                    kv.value,
-                    kv.create_revision,
-                    kv.mod_revision,
-                    kv.version,
-                    kv.lease
-                ])?;
+        self.last_appended = self.last_appended.max(kv.mod_revision);
+        match &self.replacement {
+            Some(replacement) => {
+                write_index(replacement).append(kv.key.clone(), id, entry.deleted, kv.lease);
+            }
+            None => {
+                let undo =
+                    write_index(&self.index).append(kv.key.clone(), id, entry.deleted, kv.lease);
+                self.undo.push(undo);
+            }
         }
         Ok(())
     }
@@ -236,18 +322,26 @@ impl WriteTxn for SqliteWrite {
     }
 
     async fn remove_history_before(&mut self, entry: &LogEntry) -> BackendResult<()> {
-        self.conn
-            .prepare_cached(
-                "DELETE FROM log WHERE key = ?1 AND revision <= ?2 AND (revision < ?2 OR sub < ?3)",
-            )?
-            .execute(params![entry.kv.key, entry.kv.mod_revision, entry.sub])?;
+        let id = row_id(entry.kv.mod_revision, entry.sub);
+        let (index, _) = self.view(ReadAt::Current)?;
+        let earlier = read_index(&index).ids_before(&entry.kv.key, id);
+        for earlier in earlier {
+            self.remove_row(earlier)?;
+        }
+        self.note_removal(Removal::Before {
+            key: entry.kv.key.clone(),
+            id,
+        });
         Ok(())
     }
 
     async fn remove_entry(&mut self, entry: &LogEntry) -> BackendResult<()> {
-        self.conn
-            .prepare_cached("DELETE FROM log WHERE revision = ?1 AND sub = ?2")?
-            .execute(params![entry.kv.mod_revision, entry.sub])?;
+        let id = row_id(entry.kv.mod_revision, entry.sub);
+        self.remove_row(id)?;
+        self.note_removal(Removal::Row {
+            key: entry.kv.key.clone(),
+            id,
+        });
         Ok(())
     }
 
@@ -290,8 +384,10 @@ impl WriteTxn for SqliteWrite {
 
     async fn clear(&mut self) -> BackendResult<()> {
         self.conn.execute_batch(
-            "DELETE FROM log; DELETE FROM kv; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth; DELETE FROM replication;",
+            "DELETE FROM log; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth; DELETE FROM replication;",
         )?;
+        self.replacement = Some(SharedIndex::default());
+        self.removals.clear();
         self.meta = None;
         self.last_appended = 0;
         self.set_revisions(Revisions::EMPTY_STORE).await
@@ -326,6 +422,13 @@ impl WriteTxn for SqliteWrite {
     async fn commit(mut self) -> BackendResult<()> {
         self.conn.execute_batch("COMMIT")?;
         self.committed = true;
+        self.undo.clear();
+        if let Some(replacement) = self.replacement.take() {
+            let built = std::mem::take(&mut *write_index(&replacement));
+            *write_index(&self.index) = built;
+        } else if !self.removals.is_empty() {
+            write_index(&self.index).remove(std::mem::take(&mut self.removals));
+        }
         self.checkpointer
             .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
         Ok(())
