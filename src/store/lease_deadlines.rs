@@ -50,6 +50,9 @@ const STORE_AHEAD_MS: i64 = 5_000;
 #[derive(Debug, Default)]
 pub(crate) struct LeaseDeadlines {
     inner: Mutex<Inner>,
+    /// Wakes the writer when a keep-alive answered on its caller's task
+    /// makes a commit due (`renew_one`).
+    commit_due: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +103,28 @@ impl Inner {
         }
     }
 
+    /// Whether a keep-alive of `id` made at `at_ms` can be answered from memory.
+    fn answerable(&self, id: i64, at_ms: i64) -> bool {
+        at_ms < self.covered_until
+            && self
+                .known
+                .get(&id)
+                .is_some_and(|known| known.lease.expires_at > at_ms)
+    }
+
+    /// Renews `id` (answerable) from `at_ms`; its deadline is to be stored.
+    fn renew(&mut self, id: i64, at_ms: i64) -> LeaseKeepAliveResponse {
+        let known = self.known.get_mut(&id).expect("renewed only when known");
+        known.lease = row(id, known.lease.ttl, at_ms);
+        let (ttl, stored_until) = (known.lease.ttl, known.stored_until);
+        self.moved.insert((stored_until, id));
+        LeaseKeepAliveResponse {
+            header: None,
+            id,
+            ttl,
+        }
+    }
+
     /// The moved deadlines whose stored one is before `until`.
     fn moved_before(&self, until: i64) -> Vec<LeaseRow> {
         self.moved
@@ -128,6 +153,29 @@ impl LeaseDeadlines {
         self.inner().renewed_at.map(|at| at + STORE_INTERVAL)
     }
 
+    /// Waits until a keep-alive answered by `renew_one` makes a commit due.
+    pub(crate) async fn commit_came_due(&self) {
+        self.commit_due.notified().await
+    }
+
+    /// Answers a keep-alive of `id` made at `at_ms` from memory, on the
+    /// caller's task (no hop to the writer), if it can be; else `None` and
+    /// the keep-alive goes to the writer.
+    pub(crate) fn renew_one(&self, id: i64, at_ms: i64) -> Option<LeaseKeepAliveResponse> {
+        let mut inner = self.inner();
+        if !inner.answerable(id, at_ms) {
+            return None;
+        }
+        let answer = inner.renew(id, at_ms);
+        let first = inner.renewed_at.is_none();
+        inner.renewed_at.get_or_insert_with(Instant::now);
+        drop(inner);
+        if first {
+            self.commit_due.notify_one();
+        }
+        Some(answer)
+    }
+
     /// Answers `batch` from memory if it holds only keep-alives of known,
     /// live leases, made before `covered_until`; else `None` and nothing
     /// changes (the batch goes to the database).
@@ -137,12 +185,7 @@ impl LeaseDeadlines {
         let answerable = !batch.is_empty()
             && batch.iter().all(|queued| match queued.request {
                 WriteRequest::LeaseKeepAlive(id) => {
-                    queued.mark.is_none()
-                        && queued.at_ms < inner.covered_until
-                        && inner
-                            .known
-                            .get(&id)
-                            .is_some_and(|known| known.lease.expires_at > queued.at_ms)
+                    queued.mark.is_none() && inner.answerable(id, queued.at_ms)
                 }
                 _ => false,
             });
@@ -156,15 +199,9 @@ impl LeaseDeadlines {
                 let WriteRequest::LeaseKeepAlive(id) = queued.request else {
                     unreachable!("checked above: only keep-alives");
                 };
-                let known = inner.known.get_mut(&id).expect("checked above");
-                known.lease = row(id, known.lease.ttl, queued.at_ms);
-                let (ttl, stored_until) = (known.lease.ttl, known.stored_until);
-                inner.moved.insert((stored_until, id));
-                Ok(WriteResponse::LeaseKeepAlive(LeaseKeepAliveResponse {
-                    header: None,
-                    id,
-                    ttl,
-                }))
+                Ok(WriteResponse::LeaseKeepAlive(
+                    inner.renew(id, queued.at_ms),
+                ))
             })
             .collect();
         Some(answers)
@@ -260,12 +297,15 @@ impl Stored {
 
     /// What a clean stop stores: every moved deadline, and `covered_until`
     /// cleared (nothing was promised that the database does not hold).
+    /// From then on no keep-alive is answered from memory.
     pub(crate) fn at_stop(deadlines: &LeaseDeadlines) -> Stored {
-        let inner = deadlines.inner();
-        Stored {
+        let mut inner = deadlines.inner();
+        let stored = Stored {
             rows: inner.moved_before(i64::MAX),
             covered_until: (inner.covered_until > 0).then_some(0),
-        }
+        };
+        inner.covered_until = 0;
+        stored
     }
 }
 

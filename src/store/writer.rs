@@ -182,19 +182,28 @@ pub fn start<B: Backend>(
 }
 
 /// Waits for the next requests, or until the writer must commit for the
-/// keep-alives it answered from memory (then `batch` stays empty). False
+/// keep-alives answered from memory (then `batch` stays empty). False
 /// once every sender is gone.
 async fn next_batch(
     queue: &mut mpsc::Receiver<Queued>,
     batch: &mut Vec<Queued>,
     deadlines: Option<&LeaseDeadlines>,
 ) -> bool {
-    let Some(due) = deadlines.and_then(LeaseDeadlines::store_due) else {
+    let Some(deadlines) = deadlines else {
         return queue.recv_many(batch, MAX_BATCH).await > 0;
     };
-    tokio::select! {
-        received = queue.recv_many(batch, MAX_BATCH) => received > 0,
-        _ = tokio::time::sleep_until(due) => true,
+    loop {
+        match deadlines.store_due() {
+            None => tokio::select! {
+                received = queue.recv_many(batch, MAX_BATCH) => return received > 0,
+                // A keep-alive answered on its caller's task: a commit is due in a while.
+                _ = deadlines.commit_came_due() => {}
+            },
+            Some(due) => tokio::select! {
+                received = queue.recv_many(batch, MAX_BATCH) => return received > 0,
+                _ = tokio::time::sleep_until(due) => return true,
+            },
+        }
     }
 }
 
