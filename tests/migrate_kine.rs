@@ -25,6 +25,8 @@
 //!   as "version|value" (pkg/server/compact.go EncodeVersion).
 
 mod common;
+#[path = "migrate_kine/fake_kine.rs"]
+mod fake_kine;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -1016,4 +1018,114 @@ async fn an_interrupted_import_of_100k_rows_commits_nothing_and_a_rerun_complete
     let got = leases(&server.endpoint()).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0, EVENT_TTL);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_kine_is_imported_over_the_etcd_api_with_leases_from_the_keys() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let (w, _) = k3s_dataset(Kine::sqlite(&source_dir.path().join("state.db"))).await;
+    let w = w.finish();
+    let current = w.current();
+    let live = w.at(current);
+    // What kine lists: versions 0 (the apiserver's compaction key aside,
+    // which it keeps under another name), its own compact_rev_key row and
+    // its health key.
+    let mut rows: Vec<(Vec<u8>, KeyValue)> = live
+        .iter()
+        .map(|kv| {
+            if kv.key == b"compact_rev_key" {
+                (b"compact_rev_key_apiserver".to_vec(), kv.clone())
+            } else {
+                let listed = KeyValue {
+                    version: 0,
+                    ..kv.clone()
+                };
+                (kv.key.clone(), listed)
+            }
+        })
+        .collect();
+    for (key, value, revision) in [
+        ("compact_rev_key", "", 1),
+        ("/registry/health", r#"{"health":"true"}"#, 2),
+    ] {
+        let kv = KeyValue {
+            key: key.into(),
+            value: value.into(),
+            create_revision: revision,
+            mod_revision: revision,
+            ..Default::default()
+        };
+        rows.push((key.into(), kv));
+    }
+    // Pages of 1000 keys: enough to need several.
+    for n in 0..2500 {
+        let key = format!("/registry/configmaps/bulk/cm-{n:05}");
+        let kv = KeyValue {
+            key: key.clone().into(),
+            value: b"x".to_vec(),
+            create_revision: 3,
+            mod_revision: 3,
+            ..Default::default()
+        };
+        rows.push((key.into(), kv));
+    }
+    let addr = fake_kine::FakeKine::new(rows.clone(), current)
+        .serve()
+        .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let target = FreshDatabase::new(dir.path());
+    let output = migrate(&format!("http://{addr}"), &target.endpoint, &[]);
+    assert_success(&output, "cetera migrate --from a kine");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("lease leases is not supported"), "{stderr}");
+    assert!(
+        stderr.contains("deriving the leases from the keys' lease fields"),
+        "{stderr}"
+    );
+    assert_prints(
+        &stdout,
+        &format!("migrated: revision {current}, compact revision {current}, history dropped"),
+    );
+    let keys = live.len() + 2500;
+    assert_prints(
+        &stdout,
+        &format!("verified keys at revision {current}: source {keys} target {keys} (equal)"),
+    );
+    assert_prints(&stdout, "verified leases: source 3 target 3 (equal)");
+
+    let server = Cetera::start_on(&target.endpoint).await;
+    let mut kv =
+        KvClient::new(channel(&server.endpoint()).await).max_decoding_message_size(usize::MAX);
+    let got = range_at(&mut kv, 0).await.unwrap();
+    // The keys as kine listed them, without its bookkeeping, each at
+    // version 1 at least.
+    let mut want: Vec<KeyValue> = rows
+        .into_iter()
+        .map(|(_, kv)| kv)
+        .filter(|kv| {
+            kv.key != b"/registry/health" && !(kv.key == b"compact_rev_key" && kv.version == 0)
+        })
+        .map(|kv| KeyValue {
+            version: kv.version.max(1),
+            ..kv
+        })
+        .collect();
+    want.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(got.kvs, want);
+    let got = leases(&server.endpoint()).await;
+    let ids: Vec<(i64, i64, usize)> = got
+        .iter()
+        .map(|(id, granted, _, keys)| (*id, *granted, keys.len()))
+        .collect();
+    let count = |ttl| live.iter().filter(|kv| kv.lease == ttl).count();
+    assert_eq!(
+        ids,
+        vec![
+            (MASTER_TTL, MASTER_TTL, count(MASTER_TTL)),
+            (EVENT_TTL, EVENT_TTL, count(EVENT_TTL)),
+            (OTHER_TTL, OTHER_TTL, count(OTHER_TTL)),
+        ]
+    );
 }
