@@ -92,9 +92,10 @@ pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyho
         if !options.history {
             bail!("--history=false is not supported for a kine source: its history is always kept");
         }
+        // The source first: a bad one fails before the target is made.
+        let endpoint = kine::parse_source(endpoint, &options.to)?;
         let job = FromKine {
-            endpoint: kine::parse_source(endpoint, &options.to)?,
-            tls: &tls,
+            source: kine_source::KineSource::open(&endpoint, &tls).await?,
             force: options.force,
         };
         with_datastore(&options.to, &tls, OpenFor::BulkLoad, job).await?
@@ -192,16 +193,15 @@ impl BackendJob for FromEtcd {
 }
 
 /// An import from a kine datastore: the target opened.
-struct FromKine<'a> {
-    endpoint: kine_source::KineEndpoint,
-    tls: &'a DatastoreTls,
+struct FromKine {
+    source: kine_source::KineSource,
     force: bool,
 }
 
-impl BackendJob for FromKine<'_> {
+impl BackendJob for FromKine {
     type Output = Migrated;
     async fn run<T: Backend>(self, target: T) -> anyhow::Result<Migrated> {
-        kine::import(&self.endpoint, self.tls, &target, self.force).await
+        kine::import(self.source, &target, self.force).await
     }
 }
 

@@ -30,7 +30,6 @@ use anyhow::bail;
 use super::kine_rows::{Bookkeeping, Converted, Converter, HEALTH_KEY};
 use super::kine_source::{KineEndpoint, KineSource};
 use super::{Imported, Migrated, progress_bar};
-use crate::backend::datastore::DatastoreTls;
 use crate::backend::snapshot::empty_target;
 use crate::backend::{Backend, LeaseRow, Revisions, WriteTxn};
 use crate::store::hash::LiveKeysHasher;
@@ -80,15 +79,14 @@ struct Tally {
     health_left: Option<i64>,
 }
 
-/// Copies the kine datastore at `endpoint` into `target` in one target
-/// transaction, then checks the result against the source.
+/// Copies the kine datastore `source` (opened with `KineSource::open`)
+/// into `target` in one target transaction, then checks the result
+/// against the source.
 pub(crate) async fn import<T: Backend>(
-    endpoint: &KineEndpoint,
-    tls: &DatastoreTls,
+    mut source: KineSource,
     target: &T,
     force: bool,
 ) -> anyhow::Result<Migrated> {
-    let mut source = KineSource::open(endpoint, tls).await?;
     let current = source.current_revision().await?.max(1);
     let kine_compact = source.compact_revision().await?;
     let compact = if kine_compact > 0 {
