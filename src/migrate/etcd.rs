@@ -16,6 +16,8 @@
 //! version 0, and its `/registry/health` key); a key of version 0 (kine
 //! counts none) gets version 1; and the leases are derived from the keys'
 //! lease fields, one per distinct id, with TTL = id, from the import.
+//! (kine on MySQL lists in its column's case-insensitive order, so a
+//! kine's keys are held and sorted for the check's hash.)
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -132,6 +134,9 @@ pub async fn import<T: Backend>(
     // Leases that copied keys name: each must exist in the target.
     let mut attached: HashSet<i64> = HashSet::new();
     let mut hasher = LiveKeysHasher::default();
+    // A kine on MySQL lists in its column's case-insensitive order; the
+    // hash wants key order, so a kine's keys are sorted before hashing.
+    let mut kine_keys = Vec::new();
     let mut bar = None;
     let mut total = 0;
     let mut logged = 0;
@@ -169,7 +174,11 @@ pub async fn import<T: Backend>(
             if kv.lease != 0 {
                 attached.insert(kv.lease);
             }
-            hasher.add(&kv);
+            if like_kine {
+                kine_keys.push(kv.clone());
+            } else {
+                hasher.add(&kv);
+            }
             writer
                 .append(&LogEntry {
                     kv,
@@ -248,6 +257,10 @@ pub async fn import<T: Backend>(
         bar.finish_and_clear();
     }
 
+    kine_keys.sort_by(|a, b| a.key.cmp(&b.key));
+    for kv in &kine_keys {
+        hasher.add(kv);
+    }
     super::verify_import(
         target,
         Imported {

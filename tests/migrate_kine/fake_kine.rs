@@ -1,8 +1,9 @@
 //! A stand-in for a running kine (k3s-io/kine v0.16.4) on the etcd API, as
 //! far as `cetera migrate --from http://...` reads it:
-//! - Range lists as kine's pkg/server/list.go does: the keys with
+//! - Range lists as kine's pkg/server/list.go does on MySQL: the keys with
 //!   `key <= name < range_end` (so etcd's "\0 to \0" for every key finds
-//!   none), a limit fetches one more to set `more`, and `count` is then the
+//!   none), compared and ordered case-insensitively as kine's ascii column
+//!   does, a limit fetches one more to set `more`, and `count` is then the
 //!   whole range's; every version is 0 except the apiserver's
 //!   `compact_rev_key`, and kine's own `compact_rev_key` row and health key
 //!   are listed with the rest (pkg/server/kv.go toKV);
@@ -34,7 +35,7 @@ pub struct FakeKine {
 impl FakeKine {
     /// A kine at `revision` holding `rows` (stored name, listed key value).
     pub fn new(mut rows: Vec<(Vec<u8>, KeyValue)>, revision: i64) -> Self {
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows.sort_by_key(|row| folded(&row.0));
         FakeKine { rows, revision }
     }
 
@@ -59,6 +60,11 @@ impl FakeKine {
     }
 }
 
+/// A name as MySQL's case-insensitive ascii collation compares it.
+fn folded(name: &[u8]) -> Vec<u8> {
+    name.to_ascii_lowercase()
+}
+
 fn not_supported(what: &str) -> Status {
     Status::unknown(format!("{what} is not supported"))
 }
@@ -81,7 +87,10 @@ impl Kv for FakeKine {
         let in_range: Vec<&KeyValue> = self
             .rows
             .iter()
-            .filter(|(name, _)| *name >= r.key && *name < r.range_end)
+            .filter(|(name, _)| {
+                let name = folded(name);
+                name >= folded(&r.key) && name < folded(&r.range_end)
+            })
             .map(|(_, kv)| kv)
             .collect();
         let mut kvs: Vec<KeyValue> = in_range.iter().map(|kv| (*kv).clone()).collect();
