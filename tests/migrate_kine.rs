@@ -610,6 +610,8 @@ async fn k3s_dataset(kine: Kine) -> (Writer, i64) {
         .await;
     w.update("/registry/configmaps/kube-system/cm-2", "c2", 0)
         .await;
+    // Capitals: kine's MySQL column compares them case-insensitively.
+    w.create("/registry/clusterroles/MyRole", "role", 0).await;
     w.create("/registry/leases/kube-node-lease/node-1", "renew-0", 0)
         .await;
     for i in 1..=4 {
@@ -867,10 +869,15 @@ async fn kine_databases_on_postgres_and_mysql_migrate_with_history_and_leases() 
         let source = FreshDatabase::of(backend, dir.path());
         let (base, name) = split_database(&source.endpoint);
         let (kine, from) = match backend {
-            // Named in capitals: kine folds the name to lower case.
+            // kine's other scheme, and the name in capitals: kine folds it
+            // to lower case.
             TestBackend::Postgres => (
                 Kine::postgres(&base, &name).await,
-                format!("kine+{base}/{}?sslmode=disable", name.to_uppercase()),
+                format!(
+                    "kine+{}/{}?sslmode=disable",
+                    base.replacen("postgres://", "postgresql://", 1),
+                    name.to_uppercase()
+                ),
             ),
             _ => {
                 // kine's own Go DSN spelling.
