@@ -140,6 +140,9 @@ pub(crate) async fn import<T: Backend>(
             logged = after;
         }
     }
+    if bar.is_hidden() && logged < after {
+        tracing::info!("copied {after} of {current} revisions");
+    }
     let at_compact = at_compact.unwrap_or_else(|| converter.clone());
 
     let leases = lease_rows(&converter, now_ms());
