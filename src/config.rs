@@ -220,7 +220,9 @@ pub enum Command {
     Migrate {
         /// Source, in --endpoint's forms (sqlite://PATH, postgres://, mysql://),
         /// a live etcd: http://host:2379 or https://host:2379, or a file saved
-        /// by `etcdctl snapshot save`: etcd-snapshot:///path/to/file.db.
+        /// by `etcdctl snapshot save`: etcd-snapshot:///path/to/file.db, or a
+        /// kine datastore: kine+ and kine's endpoint (kine+sqlite:///path/state.db,
+        /// kine+postgres://..., kine+mysql://user@tcp(host:3306)/db).
         #[arg(long)]
         from: String,
         /// Target, in --endpoint's forms, or a live etcd (http(s)://host:2379);

@@ -11,13 +11,17 @@
 //! switch and the cluster and member ids are kept.
 //!
 //! `--from http(s)://...` imports a live etcd instead (see `etcd`),
-//! `--from etcd-snapshot://PATH` an etcd snapshot file (see `etcd_snapshot`);
+//! `--from etcd-snapshot://PATH` an etcd snapshot file (see `etcd_snapshot`),
+//! `--from kine+ENDPOINT` a kine datastore (see `kine`);
 //! `--to http(s)://...` exports into a live etcd (see `export`).
 
 pub mod bbolt;
 pub mod etcd;
 pub mod etcd_snapshot;
 pub mod export;
+pub mod kine;
+mod kine_rows;
+mod kine_source;
 
 use std::io::IsTerminal;
 
@@ -74,13 +78,28 @@ pub async fn migrate_command(config: &Config, options: &MigrateOptions) -> anyho
     let tls = config.datastore_tls();
     let from_etcd = etcd::is_etcd_url(&options.from);
     let snapshot = etcd_snapshot::snapshot_path(&options.from);
+    let from_kine = kine::kine_endpoint(&options.from);
     if etcd::is_etcd_url(&options.to) {
         if from_etcd || snapshot.is_some() {
             bail!("--from and --to both name an etcd; cetera migrates to or from a datastore");
         }
+        if from_kine.is_some() {
+            bail!("a kine datastore is imported into a cetera datastore, not into an etcd");
+        }
         return export_command(options, &tls).await;
     }
-    let migrated = if let Some(path) = snapshot {
+    let migrated = if let Some(endpoint) = from_kine {
+        if !options.history {
+            bail!("--history=false is not supported for a kine source: its history is always kept");
+        }
+        // The source first: a bad one fails before the target is made.
+        let endpoint = kine::parse_source(endpoint, &options.to)?;
+        let job = FromKine {
+            source: kine_source::KineSource::open(&endpoint, &tls).await?,
+            force: options.force,
+        };
+        with_datastore(&options.to, &tls, OpenFor::BulkLoad, job).await?
+    } else if let Some(path) = snapshot {
         let job = FromEtcdSnapshot {
             path,
             force: options.force,
@@ -170,6 +189,19 @@ impl BackendJob for FromEtcd {
     type Output = Migrated;
     async fn run<T: Backend>(self, target: T) -> anyhow::Result<Migrated> {
         etcd::import(self.channel, &target, self.force).await
+    }
+}
+
+/// An import from a kine datastore: the target opened.
+struct FromKine {
+    source: kine_source::KineSource,
+    force: bool,
+}
+
+impl BackendJob for FromKine {
+    type Output = Migrated;
+    async fn run<T: Backend>(self, target: T) -> anyhow::Result<Migrated> {
+        kine::import(self.source, &target, self.force).await
     }
 }
 

@@ -6,6 +6,18 @@
 //! revision, since etcd's older history cannot be listed through its API.
 //! Leases are copied with their granted TTL and remaining time. Users,
 //! roles and the cluster id are not (the target gets a new identity).
+//!
+//! A server whose lease RPCs answer "not supported" (a running kine, whose
+//! LeaseGrant hands out ID = TTL and keeps no leases) is read in kine's
+//! terms: keys from 0x01 up to 0x7f (kine lists `name >= key AND name <
+//! end`, so etcd's "\0 to \0" for every key would find none, and
+//! PostgreSQL refuses NUL bytes), pages continuing at the last key + 0x01;
+//! kine's bookkeeping keys are left out (its own `compact_rev_key` row,
+//! version 0, and its `/registry/health` key); a key of version 0 (kine
+//! counts none) gets version 1; and the leases are derived from the keys'
+//! lease fields, one per distinct id, with TTL = id, from the import.
+//! (kine on MySQL lists in its column's case-insensitive order, so a
+//! kine's keys are held and sorted for the check's hash.)
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -18,7 +30,9 @@ use crate::backend::snapshot::empty_target;
 use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::etcdserverpb::kv_client::KvClient;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
-use crate::proto::etcdserverpb::{LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest};
+use crate::proto::etcdserverpb::{
+    LeaseLeasesRequest, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, RangeRequest,
+};
 use crate::store::hash::LiveKeysHasher;
 
 /// Keys per Range request.
@@ -86,23 +100,50 @@ pub async fn import<T: Backend>(
     force: bool,
 ) -> anyhow::Result<Migrated> {
     let mut kv = KvClient::new(channel.clone()).max_decoding_message_size(usize::MAX);
+    let mut lease = LeaseClient::new(channel);
+    // Listed before the keys: a lease granted meanwhile is still found
+    // through the keys that name it.
+    let listed = match lease.lease_leases(LeaseLeasesRequest {}).await {
+        Ok(listed) => Some(listed.into_inner().leases),
+        Err(status) if not_supported(&status) => {
+            tracing::warn!(
+                "the server answers LeaseLeases with {:?}, as kine does: reading it as a kine \
+                 (its keys from 0x01 to 0x7f, without kine's bookkeeping keys), and deriving \
+                 the leases from the keys' lease fields (one per id, TTL = id, as kine grants \
+                 them)",
+                status.message()
+            );
+            None
+        }
+        Err(status) => {
+            return Err(anyhow::Error::new(status).context("etcd LeaseLeases failed"));
+        }
+    };
+    let like_kine = listed.is_none();
     let mut writer = target.write().await?;
     empty_target(&mut writer, force).await?;
 
     let mut pinned = 0;
-    let mut next_key = vec![0];
+    let (mut next_key, range_end) = if like_kine {
+        (vec![1], vec![0x7f])
+    } else {
+        (vec![0], vec![0])
+    };
     let mut copied = 0i64;
     let mut subs: HashMap<i64, i64> = HashMap::new();
     // Leases that copied keys name: each must exist in the target.
     let mut attached: HashSet<i64> = HashSet::new();
     let mut hasher = LiveKeysHasher::default();
+    // A kine on MySQL lists in its column's case-insensitive order; the
+    // hash wants key order, so a kine's keys are sorted before hashing.
+    let mut kine_keys = Vec::new();
     let mut bar = None;
     let mut total = 0;
     let mut logged = 0;
     loop {
         let request = RangeRequest {
             key: next_key.clone(),
-            range_end: vec![0],
+            range_end: range_end.clone(),
             limit: PAGE,
             revision: pinned,
             ..Default::default()
@@ -118,16 +159,26 @@ pub async fn import<T: Backend>(
             tracing::info!("importing {total} keys at etcd revision {pinned}");
             bar = Some(progress_bar(total, "keys"));
         }
-        for kv in page.kvs {
+        for mut kv in page.kvs {
+            next_key = kv.key.clone();
+            next_key.push(if like_kine { 1 } else { 0 });
+            if like_kine {
+                if kine_bookkeeping(&kv) {
+                    continue;
+                }
+                kv.version = kv.version.max(1);
+            }
             // Keys changed in one transaction share a revision; each gets
             // its own place in it.
             let sub = subs.entry(kv.mod_revision).or_insert(0);
             if kv.lease != 0 {
                 attached.insert(kv.lease);
             }
-            hasher.add(&kv);
-            next_key = kv.key.clone();
-            next_key.push(0);
+            if like_kine {
+                kine_keys.push(kv.clone());
+            } else {
+                hasher.add(&kv);
+            }
             writer
                 .append(&LogEntry {
                     kv,
@@ -150,13 +201,7 @@ pub async fn import<T: Backend>(
         }
     }
 
-    let mut lease = LeaseClient::new(channel);
-    let ids = lease
-        .lease_leases(LeaseLeasesRequest {})
-        .await
-        .context("etcd LeaseLeases failed")?
-        .into_inner()
-        .leases;
+    let ids = listed.unwrap_or_default();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -171,11 +216,22 @@ pub async fn import<T: Backend>(
             .collect::<Vec<_>>(),
     );
     for id in ids {
-        let ttl = lease
+        let ttl = match lease
             .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
             .await
-            .context("etcd LeaseTimeToLive failed")?
-            .into_inner();
+        {
+            Ok(ttl) => ttl.into_inner(),
+            // kine's lease ids are their TTLs; the keys keep them for that long.
+            Err(status) if not_supported(&status) => LeaseTimeToLiveResponse {
+                id,
+                ttl: id,
+                granted_ttl: id,
+                ..Default::default()
+            },
+            Err(status) => {
+                return Err(anyhow::Error::new(status).context("etcd LeaseTimeToLive failed"));
+            }
+        };
         // Expired (or revoked) since the keys were read: etcd is deleting
         // its keys. Without keys it is dropped; with keys it is copied
         // already expired, so cetera deletes them too.
@@ -201,6 +257,10 @@ pub async fn import<T: Backend>(
         bar.finish_and_clear();
     }
 
+    kine_keys.sort_by(|a, b| a.key.cmp(&b.key));
+    for kv in &kine_keys {
+        hasher.add(kv);
+    }
     super::verify_import(
         target,
         Imported {
@@ -211,4 +271,18 @@ pub async fn import<T: Backend>(
         },
     )
     .await
+}
+
+/// Whether a lease RPC failed because the server does not have it: gRPC's
+/// Unimplemented, or kine's "lease ... is not supported" (code Unknown).
+fn not_supported(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unimplemented || status.message().contains("not supported")
+}
+
+/// kine's own keys, as it lists them: its compact revision row (key
+/// `compact_rev_key` at version 0; the apiserver's `compact_rev_key`, which
+/// kine keeps elsewhere, comes with its version) and its health key.
+fn kine_bookkeeping(kv: &crate::proto::mvccpb::KeyValue) -> bool {
+    (kv.key == b"compact_rev_key" && kv.version == 0)
+        || (kv.key == b"/registry/health" && kv.value == br#"{"health":"true"}"#)
 }

@@ -180,6 +180,25 @@ impl Mysql {
 
 /// A mysql_async error as one message. Its own Display repeats the message
 /// of its source, which anyhow's `{:#}` would then print once more.
+/// One plain connection to the database `url` names, for reading another
+/// program's tables (`cetera migrate --from kine+mysql://...`): parsed and
+/// secured as `Mysql::connect` does (URL or Go DSN, `kubernetes` if none is
+/// named), but one attempt, no database created and no migrations; the
+/// session reads at REPEATABLE READ. Returns the connection and where it is
+/// connected, for messages.
+pub async fn connect_plain(url: &str, tls: &DatastoreTls) -> anyhow::Result<(Conn, String)> {
+    let endpoint = Endpoint::parse(url)?;
+    let where_ = endpoint.describe();
+    let ssl = ssl_opts(&endpoint, tls)?;
+    let opts = endpoint
+        .opts
+        .clone()
+        .db_name(Some(endpoint.database.clone()))
+        .setup(SESSION_SETUP[..1].to_vec());
+    let (conn, _) = connect_server(opts, ssl, &where_, Duration::ZERO).await?;
+    Ok((conn, where_))
+}
+
 fn db_error(error: mysql_async::Error) -> anyhow::Error {
     let out_of_reach = out_of_reach(&error);
     let message = match error {

@@ -283,6 +283,37 @@ impl Backend for Postgres {
     }
 }
 
+/// One plain connection to the database `url` names, for reading another
+/// program's tables (`cetera migrate --from kine+postgres://...`): parsed
+/// and secured as `Postgres::connect` does, but one attempt, no database
+/// created and no migrations. With `lowercase_database` the database name
+/// is folded to lower case, as kine folds it. Returns the client and where
+/// it is connected, for messages.
+pub async fn connect_plain(
+    url: &str,
+    tls: &DatastoreTls,
+    lowercase_database: bool,
+) -> anyhow::Result<(Client, String)> {
+    let mut target = Target::parse(url, tls)?;
+    if lowercase_database {
+        let name = target
+            .config
+            .get_dbname()
+            .unwrap_or(DEFAULT_DATABASE)
+            .to_lowercase();
+        target.config.dbname(&name);
+    }
+    let connector = Connector::new(target)?;
+    let (client, _driver) = connector.connect(None).await.map_err(|error| {
+        anyhow!(
+            "cannot connect to {}: {}",
+            connector.describe(),
+            describe(&error)
+        )
+    })?;
+    Ok((client, connector.describe()))
+}
+
 /// A driver error as one line: the server's message and SQLSTATE, or the
 /// client-side error with its causes.
 fn describe(error: &tokio_postgres::Error) -> String {
