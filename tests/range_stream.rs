@@ -2,7 +2,7 @@
 //! many revisions, random requests, and the chunks merged must equal the
 //! Range field by field; the chunk rules of etcd's rangeStream (header, more
 //! and count on the last chunk only, 10 keys first); etcd's refusals; a
-//! compaction during a stream; and Status's etcd 3.6 fields. etcd 3.5.1, the
+//! compaction during a stream; auth; and Status's etcd 3.6 fields. etcd 3.5.1, the
 //! reference of the other suites, has no RangeStream: the reference here is
 //! cetera's Range, itself checked against etcd by tests/differential.rs.
 //!
@@ -517,4 +517,111 @@ async fn status_has_the_36_fields_when_emulating_36_or_later() {
         (resp.storage_version.as_str(), resp.db_size_quota),
         ("3.7.0", 100_000_000)
     );
+}
+
+#[tokio::test]
+async fn auth_is_checked_as_for_range() {
+    use cetera::proto::authpb::{Permission, permission::Type};
+    use cetera::proto::etcdserverpb::auth_client::AuthClient;
+    use cetera::proto::etcdserverpb::{
+        AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+        AuthUserGrantRoleRequest, AuthenticateRequest,
+    };
+
+    let server = Cetera::start().await;
+    let mut kv = kv_client(&server).await;
+    for key in ["a/1", "a/2", "b/1"] {
+        kv.put(PutRequest {
+            key: key.into(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    // root, and alice who may read a/ only.
+    let mut auth = AuthClient::new(common::channel(&server.endpoint()).await);
+    for (user, role) in [("root", "root"), ("alice", "reader")] {
+        auth.user_add(AuthUserAddRequest {
+            name: user.into(),
+            password: format!("{user}pw"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        if role != "root" {
+            auth.role_add(AuthRoleAddRequest { name: role.into() })
+                .await
+                .unwrap();
+        }
+        auth.user_grant_role(AuthUserGrantRoleRequest {
+            user: user.into(),
+            role: role.into(),
+        })
+        .await
+        .unwrap();
+    }
+    auth.role_grant_permission(AuthRoleGrantPermissionRequest {
+        name: "reader".into(),
+        perm: Some(Permission {
+            perm_type: Type::Read as i32,
+            key: b"a/".to_vec(),
+            range_end: b"a0".to_vec(),
+        }),
+    })
+    .await
+    .unwrap();
+    auth.auth_enable(AuthEnableRequest {}).await.unwrap();
+    let token = auth
+        .authenticate(AuthenticateRequest {
+            name: "alice".into(),
+            password: "alicepw".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+
+    let stream = |key: &[u8], end: &[u8], token: Option<&str>| {
+        let mut request = tonic::Request::new(RangeRequest {
+            key: key.to_vec(),
+            range_end: end.to_vec(),
+            ..Default::default()
+        });
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("token", token.parse().unwrap());
+        }
+        let mut kv = kv.clone();
+        async move {
+            let mut chunks = kv.range_stream(request).await?.into_inner();
+            let mut keys = 0;
+            while let Some(chunk) = chunks.message().await? {
+                keys += chunk.range_response.unwrap().kvs.len();
+            }
+            Ok::<usize, Status>(keys)
+        }
+    };
+    assert_eq!(stream(b"a/", b"a0", Some(&token)).await.unwrap(), 2);
+    let denied = stream(b"a/", b"c", Some(&token)).await.unwrap_err();
+    assert_eq!(
+        (denied.code(), denied.message()),
+        (Code::PermissionDenied, "etcdserver: permission denied")
+    );
+    // Without a token: the error Range gives.
+    let anonymous = stream(b"a/", b"a0", None).await.unwrap_err();
+    let range = kv
+        .range(RangeRequest {
+            key: b"a/".to_vec(),
+            range_end: b"a0".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (anonymous.code(), anonymous.message()),
+        (range.code(), range.message())
+    );
+    assert_eq!(anonymous.message(), "etcdserver: user name is empty");
 }
