@@ -2,9 +2,10 @@
 //! many revisions, random requests, and the chunks merged must equal the
 //! Range field by field; the chunk rules of etcd's rangeStream (header, more
 //! and count on the last chunk only, 10 keys first); etcd's refusals; a
-//! compaction during a stream; auth; and Status's etcd 3.6 fields. etcd 3.5.1, the
-//! reference of the other suites, has no RangeStream: the reference here is
-//! cetera's Range, itself checked against etcd by tests/differential.rs.
+//! compaction during a stream; auth; and Status's etcd 3.6 fields. etcd
+//! 3.5.1, the reference of the other suites, has no RangeStream: the
+//! reference here is cetera's Range, itself checked against etcd by
+//! tests/differential.rs.
 //!
 //! Runs on the backend CETERA_TEST_BACKEND names, and on a cluster follower
 //! with CETERA_TEST_CLUSTER=1.
