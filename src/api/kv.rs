@@ -163,19 +163,21 @@ fn check_range(req: &RangeRequest) -> Result<(), Status> {
     if req.key.is_empty() {
         return Err(errors::empty_key());
     }
+    Ok(())
+}
+
+/// etcd 3.7's checks of a RangeStream (checkRangeStreamRequest): those of
+/// its Range (a key; since etcd 3.6, known sort options: etcd 3.5, whose
+/// Range cetera's follows, has no such check), then no sort order but
+/// etcd's default (a target with order NONE passes) and no revision
+/// filters, which etcd answers Unimplemented.
+fn check_range_stream(req: &RangeRequest) -> Result<(), Status> {
+    check_range(req)?;
     if SortOrder::try_from(req.sort_order).is_err()
         || SortTarget::try_from(req.sort_target).is_err()
     {
         return Err(errors::invalid_sort_option());
     }
-    Ok(())
-}
-
-/// etcd 3.7's checks of a RangeStream (checkRangeStreamRequest): those of
-/// Range, then no sort order but etcd's default (a target with order NONE
-/// passes) and no revision filters, which etcd answers Unimplemented.
-fn check_range_stream(req: &RangeRequest) -> Result<(), Status> {
-    check_range(req)?;
     let order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
     let target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
     if !(order == SortOrder::None || (order == SortOrder::Ascend && target == SortTarget::Key)) {
