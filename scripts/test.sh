@@ -28,7 +28,7 @@ echo "=== unit tests, and integration tests on SQLite"
 cargo nextest run --workspace --no-fail-fast "$@" || status=1
 
 echo "=== differential suites against a follower of a 3-member cluster"
-CLUSTER_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(kubernetes)'
+CLUSTER_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(kubernetes) | binary(range_stream)'
 # Single-server behaviour (Status and MemberList of one server, restarts and
 # shutdown of the server process): nextest reports these 3 as skipped here.
 SINGLE_SERVER_ONLY='test(maintenance_and_cluster_for_etcdctl) | test(lease_keeps_remaining_time_across_restart) | test(shutdown_ends_waiting_calls_and_keeps_their_keys)'

@@ -173,7 +173,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
                     )
                 }
             };
-        Ok(Response::new(StatusResponse {
+        let mut resp = StatusResponse {
             header: self.info.header(revision),
             version: self.info.version.clone(),
             db_size: size.total,
@@ -184,7 +184,10 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             errors,
             db_size_in_use: size.in_use,
             is_learner,
-        }))
+            ..Default::default()
+        };
+        super::status_fields::fill(&mut resp, &self.info.version, self.info.quota_backend_bytes);
+        Ok(Response::new(resp))
     }
 
     /// Like etcd, answers with an empty response (not even a header) once

@@ -12,6 +12,7 @@ pub mod lease;
 pub mod lock;
 pub mod maintenance;
 mod prefix_queue;
+mod status_fields;
 pub mod watch;
 
 use std::sync::Arc;
@@ -37,6 +38,8 @@ pub struct ServerInfo {
     pub max_txn_ops: usize,
     /// The etcd version reported by Status.
     pub version: String,
+    /// etcd's --quota-backend-bytes as given (0: the default), for Status.
+    pub quota_backend_bytes: i64,
     /// Member name reported by MemberList.
     pub name: String,
     /// Client URLs reported by MemberList.
@@ -109,6 +112,10 @@ pub mod errors {
     /// A request without a key.
     pub fn empty_key() -> Status {
         Status::new(Code::InvalidArgument, "etcdserver: key is not provided")
+    }
+    /// A sort order or target that is not one of etcd's.
+    pub fn invalid_sort_option() -> Status {
+        Status::new(Code::InvalidArgument, "etcdserver: invalid sort option")
     }
     /// ignore_value/ignore_lease on a missing key, or an empty txn op.
     pub fn key_not_found() -> Status {

@@ -10,14 +10,20 @@ pub mod datastore;
 pub mod mysql;
 pub mod open;
 pub mod postgres;
+pub mod range_stream;
 mod rows;
 pub mod settings;
 pub mod snapshot;
 pub mod sqlite;
+// SQLite's StreamRange, declared here so that the SQLite backend's own
+// modules (being rewritten) stay as they are.
+#[path = "sqlite/range_stream.rs"]
+mod sqlite_range_stream;
 
 use std::future::Future;
 
 use self::changes::ChangeFeed;
+use self::range_stream::StreamRange;
 use crate::proto::mvccpb::KeyValue;
 
 /// How startup connection retries report the time they took: "gave up after 30.1s".
@@ -342,8 +348,8 @@ pub trait WriteTxn: ReadTxn {
 
 /// A database holding one cetera store.
 pub trait Backend: Send + Sync + 'static {
-    /// Read transaction type.
-    type Read: ReadTxn;
+    /// Read transaction type; it can also stream a range (RangeStream).
+    type Read: ReadTxn + StreamRange;
     /// Write transaction type.
     type Write: WriteTxn;
 

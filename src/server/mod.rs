@@ -224,6 +224,7 @@ async fn serve<B: Backend>(
         max_request_bytes: config.max_request_bytes,
         max_txn_ops: config.max_txn_ops,
         version: config.emulated_etcd_version.clone(),
+        quota_backend_bytes: config.quota_backend_bytes,
         name: config.name.clone(),
         client_urls: config.client_urls(),
         auth,

@@ -19,6 +19,7 @@ pub mod hub;
 mod lease_deadlines;
 mod publisher;
 pub mod range;
+pub mod range_stream;
 mod replica;
 mod settings;
 pub mod writer;

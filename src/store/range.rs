@@ -235,7 +235,7 @@ async fn range_at<T: ReadTxn>(
 }
 
 /// Counts the keys of one read's range, through the count cache if any.
-struct Counter<'a> {
+pub(super) struct Counter<'a> {
     keys: &'a KeyRange,
     /// The revision read, `at` resolved: the cache's key.
     revision: i64,
@@ -244,9 +244,25 @@ struct Counter<'a> {
     cache: Option<&'a CountCache>,
 }
 
-impl Counter<'_> {
+impl<'a> Counter<'a> {
+    /// A counter of a read that is not corrected by an overlay.
+    pub(super) fn plain(
+        keys: &'a KeyRange,
+        revision: i64,
+        at: ReadAt,
+        cache: Option<&'a CountCache>,
+    ) -> Self {
+        Counter {
+            keys,
+            revision,
+            at,
+            overlay: None,
+            cache,
+        }
+    }
+
     /// Number of keys in the range at the revision read.
-    async fn count<T: ReadTxn>(&self, txn: &mut T) -> StoreResult<i64> {
+    pub(super) async fn count<T: ReadTxn>(&self, txn: &mut T) -> StoreResult<i64> {
         if let Some(count) = self.cache.and_then(|c| c.get(self.keys, self.revision)) {
             return Ok(count);
         }
@@ -288,7 +304,7 @@ async fn count_at<T: ReadTxn>(
 
 /// Sorts as etcd does: a target other than KEY with order NONE sorts ascending.
 /// Keys arrive ascending, so ties keep key order.
-fn sort(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
+pub(super) fn sort(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
     let order = match (order, target) {
         (SortOrder::None, SortTarget::Key) => return,
         (SortOrder::None, _) => SortOrder::Ascend,

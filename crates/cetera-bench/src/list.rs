@@ -1,7 +1,8 @@
 //! List: the apiserver's paginated List of a prefix. The first page is read at the
 //! current revision (revision 0, linearizable); later pages are pinned to the first
 //! page's header revision and continue from the last key + "\0". One operation is one
-//! full list; `--clients` listers run concurrently.
+//! full list; `--clients` listers run concurrently. With `--stream` one list is one
+//! RangeStream of the prefix (etcd 3.7), its chunks counted as the pages.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,10 @@ pub struct ListArgs {
     /// second), so that later pages are read at an older revision, as on a busy cluster.
     #[arg(long, default_value_t = 0.0)]
     pub write_rate: f64,
+    /// List with one RangeStream (etcd 3.7) instead of paginated Ranges; `--page`
+    /// does not apply (the server sizes the chunks).
+    #[arg(long)]
+    pub stream: bool,
 }
 
 /// What one full list saw.
@@ -83,16 +88,46 @@ pub async fn list_all(
     }
 }
 
+/// Lists every key under `prefix` with one RangeStream; each chunk counts as a page.
+pub async fn stream_all(
+    kv: &mut KvClient<Channel>,
+    prefix: &[u8],
+) -> Result<Listing, tonic::Status> {
+    let request = RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        ..Default::default()
+    };
+    let mut chunks = kv.range_stream(request).await?.into_inner();
+    let mut listing = Listing::default();
+    while let Some(chunk) = chunks.message().await? {
+        let Some(chunk) = chunk.range_response else {
+            continue;
+        };
+        listing.pages += 1;
+        listing.keys += chunk.kvs.len() as u64;
+        if let Some(header) = chunk.header {
+            listing.revision = header.revision;
+        }
+    }
+    Ok(listing)
+}
+
 struct Lister {
     kv: KvClient<Channel>,
     prefix: Vec<u8>,
     page: i64,
+    stream: bool,
     last: Listing,
 }
 
 impl Worker for Lister {
     async fn op(&mut self, _op: u64) -> Result<Outcome, tonic::Status> {
-        self.last = list_all(&mut self.kv, &self.prefix, self.page, false).await?;
+        self.last = if self.stream {
+            stream_all(&mut self.kv, &self.prefix).await?
+        } else {
+            list_all(&mut self.kv, &self.prefix, self.page, false).await?
+        };
         Ok(Outcome::Done)
     }
 }
@@ -105,6 +140,7 @@ pub async fn run(common: &Common, args: &ListArgs, channels: &[Channel]) -> anyh
             kv: net::kv(net::pick(channels, c)),
             prefix: keys.prefix.clone().into_bytes(),
             page: args.page,
+            stream: args.stream,
             last: Listing::default(),
         })
         .collect();
@@ -119,10 +155,11 @@ pub async fn run(common: &Common, args: &ListArgs, channels: &[Channel]) -> anyh
             stop,
         ))
     });
-    let name = if writer.is_some() {
-        "list-busy"
-    } else {
-        "list"
+    let name = match (args.stream, writer.is_some()) {
+        (false, false) => "list",
+        (false, true) => "list-busy",
+        (true, false) => "list-stream",
+        (true, true) => "list-stream-busy",
     };
     let (mut stats, workers) = driver::run(name, &common.load(), workers).await;
     stop.store(true, Ordering::Relaxed);
@@ -136,7 +173,9 @@ pub async fn run(common: &Common, args: &ListArgs, channels: &[Channel]) -> anyh
         stats.note("keys_per_list", w.last.keys);
         stats.note("pages_per_list", w.last.pages);
     }
-    stats.note("page", args.page);
+    if !args.stream {
+        stats.note("page", args.page);
+    }
     Ok(stats)
 }
 

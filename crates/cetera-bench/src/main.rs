@@ -37,6 +37,7 @@ use report::Report;
       cetera-bench put --conns 8 --clients 64 --duration 10s\n  \
       cetera-bench range --populate --clients 64 --conns 8 --serializable\n  \
       cetera-bench list --populate --key-space 10000 --clients 4 --duration 10s\n  \
+      cetera-bench list --stream --populate --key-space 10000 --clients 4 --duration 10s\n  \
       cetera-bench watch --watchers 100 --rate 100 --duration 10s\n  \
       cetera-bench k8s --populate --key-space 1000 --clients 16 --duration 20s --json\n  \
       cetera-bench --endpoints URL1,URL2,URL3 failover --pids PID1,PID2,PID3"
@@ -131,7 +132,8 @@ enum Scenario {
     Range(range::RangeArgs),
     /// Txn compare-and-swap on mod_revision: the apiserver's Update.
     TxnCas,
-    /// Paginated List of a prefix, the apiserver's way; one operation = one full list.
+    /// Paginated List of a prefix, the apiserver's way (or one RangeStream with
+    /// --stream); one operation = one full list.
     List(list::ListArgs),
     /// Watch: W watchers on one prefix; latency from put acknowledgement to event.
     Watch(watch::WatchArgs),

@@ -24,6 +24,7 @@ mod connect;
 mod dsn;
 mod endpoint;
 mod queries;
+mod range_stream;
 mod tls;
 mod txn;
 

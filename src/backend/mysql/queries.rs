@@ -66,13 +66,13 @@ async fn select_with<T>(
 }
 
 /// LIMIT for "no limit": MySQL has no LIMIT ALL.
-const NO_LIMIT: u64 = u64::MAX;
+pub(super) const NO_LIMIT: u64 = u64::MAX;
 
 /// The range or count statement for a read at `at`. Ranges with and without
 /// an upper bound are separate statements, so an unbounded one never
 /// compares against a made-up end. The statements take, in order: start,
 /// end (if bounded), the revision twice (history), the limit (ranges).
-fn range_sql(at: ReadAt, bounded: bool, count: bool, keys_only: bool) -> String {
+pub(super) fn range_sql(at: ReadAt, bounded: bool, count: bool, keys_only: bool) -> String {
     let end = if bounded { " AND `key` < ?" } else { "" };
     let value = if keys_only { "X''" } else { "value" };
     match (at, count) {
@@ -106,7 +106,7 @@ fn range_sql(at: ReadAt, bounded: bool, count: bool, keys_only: bool) -> String 
 }
 
 /// Parameters of a `range_sql` statement.
-fn range_params(range: &KeyRange, at: ReadAt, limit: Option<u64>) -> Vec<Value> {
+pub(super) fn range_params(range: &KeyRange, at: ReadAt, limit: Option<u64>) -> Vec<Value> {
     let mut params = vec![Value::from(range.start.as_slice())];
     if let Some(end) = &range.end {
         params.push(Value::from(end.as_slice()));

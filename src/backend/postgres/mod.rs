@@ -24,6 +24,7 @@
 mod connect;
 mod endpoint;
 mod queries;
+mod range_stream;
 mod sessions;
 mod tls;
 mod txn;

@@ -101,7 +101,7 @@ static COUNT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     all
 });
 
-fn range_sql(at: ReadAt, bounded: bool, keys_only: bool) -> &'static str {
+pub(super) fn range_sql(at: ReadAt, bounded: bool, keys_only: bool) -> &'static str {
     let history = matches!(at, ReadAt::Revision(_));
     &RANGE_SQL[usize::from(history) * 4 + usize::from(bounded) * 2 + usize::from(keys_only)]
 }
@@ -125,13 +125,13 @@ pub(super) fn revisions_from(rows: &[Row]) -> BackendResult<Revisions> {
 }
 
 /// `limit` as SQL: NULL (no limit) for 0.
-fn sql_limit(limit: usize) -> Option<i64> {
+pub(super) fn sql_limit(limit: usize) -> Option<i64> {
     (limit > 0).then(|| i64::try_from(limit).unwrap_or(i64::MAX))
 }
 
 /// The parameters a range and a count statement begin with: start, end if
 /// bounded, then the revision of a historical read.
-fn key_params<'a>(range: &'a KeyRange, at: &'a ReadAt) -> Vec<&'a (dyn ToSql + Sync)> {
+pub(super) fn key_params<'a>(range: &'a KeyRange, at: &'a ReadAt) -> Vec<&'a (dyn ToSql + Sync)> {
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
     if let Some(end) = &range.end {
         params.push(end);

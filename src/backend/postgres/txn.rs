@@ -4,8 +4,8 @@
 
 use anyhow::bail;
 use deadpool_postgres::Object;
-use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, RowStream};
 
 use super::db_error;
 use crate::backend::{
@@ -66,6 +66,41 @@ impl TxnConn {
             self.failed = true;
             db_error(&error)
         })
+    }
+}
+
+impl TxnConn {
+    /// Runs `sql` and returns its rows as Postgres sends them, for the
+    /// caller to take at its pace (tokio-postgres reads no further than the
+    /// taker, so the rows wait in Postgres and the socket). The connection
+    /// serves nothing else until the stream is dropped or exhausted.
+    pub(super) async fn query_stream(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> BackendResult<RowStream> {
+        let client = self
+            .client
+            .as_ref()
+            .expect("connection present until the transaction ends");
+        let result = async {
+            let statement = client.prepare_cached(sql).await?;
+            if let Some(begin) = self.begin.take() {
+                client.batch_execute(begin).await?;
+            }
+            client.query_raw(&statement, params.iter().copied()).await
+        }
+        .await;
+        result.map_err(|error| {
+            self.failed = true;
+            db_error(&error)
+        })
+    }
+
+    /// Notes that a statement failed (as one of `query_stream`'s rows did):
+    /// Postgres has aborted the transaction.
+    pub(super) fn note_failure(&mut self) {
+        self.failed = true;
     }
 }
 

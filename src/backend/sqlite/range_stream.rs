@@ -1,0 +1,67 @@
+//! `StreamRange` on SQLite: keyset continuation over `ReadTxn::range`. Each
+//! chunk is one query that starts just after the last key handed out, in the
+//! same read transaction, so every chunk sees the same snapshot. (An open
+//! rusqlite statement borrows its connection and cannot be held across
+//! awaits; the storage rewrite will replace this.)
+//!
+//! Declared from `backend/mod.rs`, so this module uses only `SqliteRead`'s
+//! `ReadTxn` methods.
+
+use crate::backend::range_stream::{RangeRows, StreamRange};
+use crate::backend::sqlite::SqliteRead;
+use crate::backend::{BackendResult, KeyRange, ReadAt, ReadTxn};
+use crate::proto::mvccpb::KeyValue;
+
+impl StreamRange for SqliteRead {
+    type Rows<'a> = KeysetRows<'a, SqliteRead>;
+
+    async fn range_rows<'a>(
+        &'a mut self,
+        range: &KeyRange,
+        at: ReadAt,
+        limit: usize,
+        keys_only: bool,
+    ) -> BackendResult<KeysetRows<'a, SqliteRead>> {
+        Ok(KeysetRows {
+            txn: self,
+            next: Some(range.clone()),
+            at,
+            left: (limit > 0).then_some(limit),
+            keys_only,
+        })
+    }
+}
+
+/// The rest of a range, read a chunk at a time from where the last chunk ended.
+pub struct KeysetRows<'a, T: ReadTxn> {
+    txn: &'a mut T,
+    /// What is left of the range; None once it is exhausted.
+    next: Option<KeyRange>,
+    at: ReadAt,
+    /// Rows still allowed by the caller's limit, if it gave one.
+    left: Option<usize>,
+    keys_only: bool,
+}
+
+impl<T: ReadTxn> RangeRows for KeysetRows<'_, T> {
+    async fn next_chunk(&mut self, n: usize) -> BackendResult<Vec<KeyValue>> {
+        let n = self.left.map_or(n, |left| left.min(n));
+        let Some(range) = self.next.as_mut().filter(|_| n > 0) else {
+            return Ok(Vec::new());
+        };
+        let kvs = self.txn.range(range, self.at, n, self.keys_only).await?;
+        if let Some(left) = &mut self.left {
+            *left -= kvs.len();
+        }
+        match kvs.last() {
+            Some(last) if kvs.len() == n => {
+                // The smallest key after `last`.
+                range.start.clear();
+                range.start.extend_from_slice(&last.key);
+                range.start.push(0);
+            }
+            _ => self.next = None,
+        }
+        Ok(kvs)
+    }
+}
