@@ -15,10 +15,6 @@ mod rows;
 pub mod settings;
 pub mod snapshot;
 pub mod sqlite;
-// SQLite's StreamRange, declared here so that the SQLite backend's own
-// modules (being rewritten) stay as they are.
-#[path = "sqlite/range_stream.rs"]
-mod sqlite_range_stream;
 
 use std::future::Future;
 

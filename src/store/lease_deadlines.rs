@@ -199,9 +199,7 @@ impl LeaseDeadlines {
                 let WriteRequest::LeaseKeepAlive(id) = queued.request else {
                     unreachable!("checked above: only keep-alives");
                 };
-                Ok(WriteResponse::LeaseKeepAlive(
-                    inner.renew(id, queued.at_ms),
-                ))
+                Ok(WriteResponse::LeaseKeepAlive(inner.renew(id, queued.at_ms)))
             })
             .collect();
         Some(answers)

@@ -37,11 +37,11 @@ pub use self::auto_compaction::AutoCompaction;
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::lease_deadlines::LeaseDeadlines;
-use crate::metrics::metrics;
 use self::publisher::Publisher;
 pub(crate) use self::settings::read_auth_flags;
 use self::writer::{Queued, WriteRequest, WriteResponse};
 use crate::backend::{AlarmRow, Backend, DatabaseSize, LeaseRow, ReadTxn, Revisions, WriteTxn};
+use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse, LeaseLeasesResponse,

@@ -20,7 +20,7 @@ use cetera::proto::etcdserverpb::{
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
     LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse,
     LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, PutRequest, PutResponse, RangeRequest,
-    RangeResponse, ResponseHeader, TxnRequest, TxnResponse,
+    RangeResponse, RangeStreamResponse, ResponseHeader, TxnRequest, TxnResponse,
 };
 use cetera::proto::mvccpb::KeyValue;
 use tonic::{Request, Response, Status, Streaming};
@@ -109,6 +109,16 @@ impl Kv for FakeKine {
             kvs,
             more,
         }))
+    }
+
+    type RangeStreamStream = tokio_stream::Empty<Result<RangeStreamResponse, Status>>;
+
+    /// The kine this fakes (v0.16.4) predates RangeStream.
+    async fn range_stream(
+        &self,
+        _: Request<RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(Status::unimplemented("unknown method RangeStream"))
     }
 
     async fn put(&self, _: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {

@@ -11,12 +11,14 @@
 //! The code is split by concern: this file opens the database (its lock
 //! file, connections, migrations, the key index) and implements `Backend`;
 //! `txn` holds the transactions and their writes, `queries` the statements
-//! they read with, `key_index` the index, and `checkpointer` moves the WAL
-//! into the database file on its own thread.
+//! they read with, `key_index` the index, `range_stream` RangeStream's
+//! chunks, and `checkpointer` moves the WAL into the database file on its
+//! own thread.
 
 mod checkpointer;
 mod key_index;
 mod queries;
+mod range_stream;
 mod txn;
 
 use std::path::{Path, PathBuf};

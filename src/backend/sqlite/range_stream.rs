@@ -1,11 +1,9 @@
-//! `StreamRange` on SQLite: keyset continuation over `ReadTxn::range`. Each
-//! chunk is one query that starts just after the last key handed out, in the
-//! same read transaction, so every chunk sees the same snapshot. (An open
-//! rusqlite statement borrows its connection and cannot be held across
-//! awaits; the storage rewrite will replace this.)
-//!
-//! Declared from `backend/mod.rs`, so this module uses only `SqliteRead`'s
-//! `ReadTxn` methods.
+//! `StreamRange` on SQLite: each chunk walks the key index on from just
+//! after the last key handed out (a lookup in memory, not a new SQL query
+//! over the keys) and fetches its rows by id, in the same read transaction,
+//! so every chunk sees the same snapshot. A chunk holds the index's lock
+//! only while it walks its own keys, so a long stream never stalls the
+//! writer.
 
 use crate::backend::range_stream::{RangeRows, StreamRange};
 use crate::backend::sqlite::SqliteRead;
