@@ -125,16 +125,15 @@ pub async fn import<T: Backend>(
             if kv.lease != 0 {
                 attached.insert(kv.lease);
             }
-            hasher.add(&kv);
             next_key = kv.key.clone();
             next_key.push(0);
-            writer
-                .append(&LogEntry {
-                    kv,
-                    sub: *sub,
-                    deleted: false,
-                })
-                .await?;
+            let entry = LogEntry {
+                kv,
+                sub: *sub,
+                deleted: false,
+            };
+            hasher.add(&entry);
+            writer.append(&entry).await?;
             *sub += 1;
             copied += 1;
         }

@@ -14,7 +14,7 @@
 //! deadline is now plus their TTL (or the checkpointed remaining TTL). Users,
 //! roles, members, alarms and the cluster id are not imported.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -180,25 +180,27 @@ fn complete_compaction(log: &mut Vec<LogEntry>, compact: i64) {
 }
 
 /// The HashKV (at the current revision) of a store holding `contents`,
-/// computed as `hash_kv` computes it, and the number of live keys.
+/// computed as etcd's HashByRev takes the rows (see `hash`): every row after
+/// the compact revision, and below it the rows of the keys alive now, or
+/// every remaining row when no key is alive. Also the number of live keys.
 fn expected_hash(contents: &Contents) -> (u32, usize) {
-    let mut live: BTreeMap<&[u8], &LogEntry> = BTreeMap::new();
+    let mut live: HashMap<&[u8], (i64, i64)> = HashMap::new();
     for entry in &contents.log {
         if entry.deleted {
             live.remove(&entry.kv.key[..]);
         } else {
-            live.insert(&entry.kv.key, entry);
+            live.insert(&entry.kv.key, (entry.kv.mod_revision, entry.sub));
         }
     }
     let compact = contents.revisions.compact;
     let mut hasher = LiveKeysHasher::default();
-    if compact > 0 {
-        for entry in live.values().filter(|e| e.kv.mod_revision <= compact) {
-            hasher.add(&entry.kv);
+    for entry in &contents.log {
+        let kept = entry.kv.mod_revision > compact
+            || live.is_empty()
+            || live.get(&entry.kv.key[..]) == Some(&(entry.kv.mod_revision, entry.sub));
+        if kept {
+            hasher.add(entry);
         }
-    }
-    for entry in contents.log.iter().filter(|e| e.kv.mod_revision > compact) {
-        hasher.add_log_entry(entry);
     }
     (hasher.finish(), live.len())
 }

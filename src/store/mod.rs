@@ -14,6 +14,7 @@ mod conformance;
 mod count_cache;
 pub mod error;
 pub mod hash;
+pub mod mvcc_record;
 mod history;
 pub mod hub;
 mod lease_deadlines;
