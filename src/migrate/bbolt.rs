@@ -17,15 +17,15 @@
 
 use anyhow::{Context, bail};
 
-const MAGIC: u32 = 0xED0C_DAED;
-const PAGE_HEADER: usize = 16;
-const ELEMENT: usize = 16;
+pub(super) const MAGIC: u32 = 0xED0C_DAED;
+pub(super) const PAGE_HEADER: usize = 16;
+pub(super) const ELEMENT: usize = 16;
 const BUCKET_HEADER: usize = 16;
-const BRANCH_PAGE: u16 = 0x01;
-const LEAF_PAGE: u16 = 0x02;
-const BUCKET_LEAF: u32 = 0x01;
+pub(super) const BRANCH_PAGE: u16 = 0x01;
+pub(super) const LEAF_PAGE: u16 = 0x02;
+pub(super) const BUCKET_LEAF: u32 = 0x01;
 /// Offset of the checksum in a meta page's body (the fields before it are summed).
-const META_CHECKSUM_AT: usize = 56;
+pub(super) const META_CHECKSUM_AT: usize = 56;
 
 /// An opened bbolt file, borrowed from its bytes.
 pub struct Db<'a> {
@@ -57,7 +57,7 @@ fn u64_at(bytes: &[u8], at: usize) -> anyhow::Result<u64> {
 }
 
 /// FNV-1a, 64 bits (bbolt's meta checksum).
-fn fnv64a(bytes: &[u8]) -> u64 {
+pub(super) fn fnv64a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in bytes {
         hash ^= u64::from(*byte);

@@ -12,7 +12,8 @@
 //! completed here as etcd completes it on start. Leases come from the `lease`
 //! bucket and, as when etcd restores a snapshot, start afresh: their
 //! deadline is now plus their TTL (or the checkpointed remaining TTL). Users,
-//! roles, members, alarms and the cluster id are not imported.
+//! roles and the auth switch and revision come from `auth`, `authUsers` and
+//! `authRoles`; members, alarms and the cluster id are not imported.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,7 +25,8 @@ use sha2::{Digest, Sha256};
 use super::bbolt::Db;
 use super::{Imported, Migrated};
 use crate::backend::snapshot::empty_target;
-use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
+use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION};
+use crate::backend::{AuthKind, Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::mvccpb::KeyValue;
 use crate::store::hash::LiveKeysHasher;
 
@@ -45,6 +47,12 @@ struct LeaseRecord {
     ttl: i64,
     #[prost(int64, tag = "3")]
     remaining_ttl: i64,
+}
+
+/// True if `start` (a file's first bytes) is a bbolt meta page, as etcd's
+/// snapshots and data files begin.
+pub fn is_bbolt(start: &[u8]) -> bool {
+    start.get(16..20) == Some(&super::bbolt::MAGIC.to_le_bytes()[..])
 }
 
 /// The bbolt bytes of a snapshot file: a trailer (when the size is 32 more
@@ -77,6 +85,43 @@ struct Contents {
     revisions: Revisions,
     /// The lease records.
     leases: Vec<LeaseRecord>,
+    /// The auth switch and revision (`auth` bucket), if recorded.
+    auth_enabled: Option<bool>,
+    auth_revision: Option<i64>,
+    /// Users and roles: (kind, name, authpb record).
+    auth_records: Vec<(AuthKind, Vec<u8>, Vec<u8>)>,
+}
+
+/// Reads the `auth`, `authUsers` and `authRoles` buckets.
+type AuthContents = (Option<bool>, Option<i64>, Vec<(AuthKind, Vec<u8>, Vec<u8>)>);
+
+fn read_auth(db: &Db) -> anyhow::Result<AuthContents> {
+    let (mut enabled, mut revision) = (None, None);
+    if let Some(bucket) = db.bucket(b"auth")? {
+        db.for_each(bucket, &mut |key, value, _| {
+            match key {
+                b"enabled" => enabled = Some(value == [1]),
+                b"authRevision" => {
+                    let bytes: [u8; 8] = value
+                        .try_into()
+                        .context("bad authRevision in the `auth` bucket")?;
+                    revision = Some(i64::try_from(u64::from_be_bytes(bytes)).unwrap_or(i64::MAX));
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+    }
+    let mut records = Vec::new();
+    for (name, kind) in [(&b"authUsers"[..], AuthKind::User), (b"authRoles", AuthKind::Role)] {
+        if let Some(bucket) = db.bucket(name)? {
+            db.for_each(bucket, &mut |key, value, _| {
+                records.push((kind, key.to_vec(), value.to_vec()));
+                Ok(())
+            })?;
+        }
+    }
+    Ok((enabled, revision, records))
 }
 
 /// Reads and decodes the etcd data in `data` (a bbolt file).
@@ -143,6 +188,7 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
             Ok(())
         })?;
     }
+    let (auth_enabled, auth_revision, auth_records) = read_auth(&db)?;
     Ok(Contents {
         log,
         revisions: Revisions {
@@ -151,6 +197,9 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
             compacted_through: compact.max(0),
         },
         leases,
+        auth_enabled,
+        auth_revision,
+        auth_records,
     })
 }
 
@@ -248,6 +297,15 @@ pub async fn import<T: Backend>(
             expires_at: now_ms + remaining.max(1) * 1000,
         };
         writer.put_lease(&row).await?;
+    }
+    for (kind, name, record) in &contents.auth_records {
+        writer.put_auth_record(*kind, name, record).await?;
+    }
+    if let Some(enabled) = contents.auth_enabled {
+        writer.set_setting(AUTH_ENABLED, i64::from(enabled)).await?;
+    }
+    if let Some(revision) = contents.auth_revision {
+        writer.set_setting(AUTH_REVISION, revision).await?;
     }
     writer.set_revisions(revisions).await?;
     writer.commit().await?;

@@ -189,7 +189,7 @@ async fn hash_kept_rows<T: ReadTxn>(
 
 /// The (mod revision, key) of every key alive at `at` whose latest change
 /// is at or below `compact`, and whether any key at all is alive at `at`.
-async fn unchanged_keys<T: ReadTxn>(
+pub(crate) async fn unchanged_keys<T: ReadTxn>(
     txn: &mut T,
     at: ReadAt,
     compact: i64,
