@@ -130,6 +130,11 @@ impl<'a> Db<'a> {
             .with_context(|| format!("bbolt page {id} is past the end of the file"))
     }
 
+    /// The root bucket, whose elements are the top-level buckets.
+    pub fn bucket_root(&self) -> Bucket<'a> {
+        self.root
+    }
+
     /// The top-level bucket `name`, if there is one.
     pub fn bucket(&self, name: &[u8]) -> anyhow::Result<Option<Bucket<'a>>> {
         let mut found = None;

@@ -11,7 +11,7 @@
 //!   compacted, `scheduledCompactRev` and `finishedCompactRev` (a revision key).
 //! - `lease`: 8-byte big-endian id -> leasepb.Lease{ID, TTL} (etcd restarts
 //!   every lease's TTL on restore, as it does here).
-//! - `auth`: `authRevision` (8-byte big-endian) and `enabled` (one byte);
+//! - `auth`: `authRevision` (8-byte big-endian) and, if on, `enabled` = 1;
 //!   `authUsers`, `authRoles`: name -> authpb record, as cetera stores them.
 //! - `alarm`: marshaled AlarmMember -> empty.
 //! - `cluster`: `clusterVersion` = `3.5.0`.
@@ -97,8 +97,10 @@ pub async fn write<T: ReadTxn, W: Write + Seek>(txn: &mut T, file: W) -> anyhow:
 
     let revision = txn.setting(AUTH_REVISION).await?.unwrap_or(1).max(1) as u64;
     let mut auth = vec![(b"authRevision".to_vec(), revision.to_be_bytes().to_vec())];
-    if let Some(enabled) = txn.setting(AUTH_ENABLED).await? {
-        auth.push((b"enabled".to_vec(), vec![u8::from(enabled != 0)]));
+    // etcd writes the flag when auth is first enabled; a store never
+    // enabled has none, and "disabled" reads the same either way.
+    if txn.setting(AUTH_ENABLED).await?.unwrap_or(0) != 0 {
+        auth.push((b"enabled".to_vec(), vec![1]));
     }
     let auth = small_bucket(&mut writer, auth)?;
     let users = txn.auth_records(AuthKind::User).await?;
