@@ -182,3 +182,87 @@ async fn write_key_bucket<T: ReadTxn, W: Write + Seek>(
     .await?;
     failed.map_or(Ok(()), Err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sqlite::Sqlite;
+    use crate::backend::{Backend, LogEntry, Revisions, WriteTxn};
+    use crate::migrate::bbolt::Db;
+    use crate::proto::mvccpb::KeyValue;
+
+    fn put(key: &str, revision: i64, create: i64, version: i64) -> LogEntry {
+        LogEntry {
+            kv: KeyValue {
+                key: key.into(),
+                create_revision: create,
+                mod_revision: revision,
+                version,
+                value: b"v".to_vec(),
+                lease: 0,
+            },
+            sub: 0,
+            deleted: false,
+        }
+    }
+
+    /// Compacted at 5 with none of the history removed yet: the snapshot
+    /// holds only what etcd's compaction keeps (a@4, c@5, and everything
+    /// after 5), as a store whose compaction had finished would.
+    #[tokio::test]
+    async fn rows_a_pending_compaction_removes_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Sqlite::open(&dir.path().join("state.db")).unwrap();
+        let mut txn = backend.write().await.unwrap();
+        let rows = [
+            put("a", 2, 2, 1),
+            put("b", 3, 3, 1),
+            put("a", 4, 2, 2),
+            LogEntry {
+                kv: KeyValue {
+                    key: b"b".to_vec(),
+                    mod_revision: 5,
+                    ..Default::default()
+                },
+                sub: 0,
+                deleted: true,
+            },
+            LogEntry {
+                sub: 1,
+                ..put("c", 5, 5, 1)
+            },
+            put("a", 6, 2, 3),
+        ];
+        for row in &rows {
+            txn.append(row).await.unwrap();
+        }
+        txn.set_revisions(Revisions {
+            current: 6,
+            compact: 5,
+            compacted_through: 0,
+        })
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+        let mut read = backend.read().await.unwrap();
+        let file = write(&mut read, std::io::Cursor::new(Vec::new()))
+            .await
+            .unwrap()
+            .into_inner();
+        let db = Db::open(&file).unwrap();
+        let mut revisions = Vec::new();
+        db.for_each(db.bucket(b"key").unwrap().unwrap(), &mut |k, _, _| {
+            revisions.push((i64::from_be_bytes(k[..8].try_into().unwrap()), k.len()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(revisions, vec![(4, 17), (5, 17), (6, 17)]);
+        let mut meta = Vec::new();
+        db.for_each(db.bucket(b"meta").unwrap().unwrap(), &mut |k, v, _| {
+            meta.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert!(meta.contains(&(b"finishedCompactRev".to_vec(), revision_key(5, 0, false))));
+    }
+}
