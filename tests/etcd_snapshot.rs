@@ -38,7 +38,10 @@ async fn write_history(channel: Channel) {
     let mut kv = KvClient::new(channel.clone());
     let mut lease = LeaseClient::new(channel.clone());
     for (id, ttl) in [(4001, 600), (4002, 900)] {
-        lease.lease_grant(LeaseGrantRequest { ttl, id }).await.unwrap();
+        lease
+            .lease_grant(LeaseGrantRequest { ttl, id })
+            .await
+            .unwrap();
     }
     for i in 0..30 {
         let lease = [0, 4001, 4002][i % 3];
@@ -164,7 +167,10 @@ async fn served(endpoint: &str, from: i64) -> Vec<String> {
     }
     let mut maintenance = MaintenanceClient::new(channel);
     for revision in [0, from + 1, current] {
-        let hash = maintenance.hash_kv(HashKvRequest { revision }).await.unwrap();
+        let hash = maintenance
+            .hash_kv(HashKvRequest { revision })
+            .await
+            .unwrap();
         let hash = hash.into_inner();
         lines.push(format!(
             "hashkv {revision}: {} compact {}",
@@ -247,7 +253,10 @@ async fn cetera_snapshot_restores_into_real_etcd() {
     let theirs = save(&etcdctl, &reference.addr(), dir.path(), "etcd.db");
 
     // The same records as etcd's own snapshot of the same history.
-    let (a, b) = (std::fs::read(&ours).unwrap(), std::fs::read(&theirs).unwrap());
+    let (a, b) = (
+        std::fs::read(&ours).unwrap(),
+        std::fs::read(&theirs).unwrap(),
+    );
     assert_eq!(bucket(&a, b"key"), bucket(&b, b"key"));
     assert_eq!(bucket(&a, b"lease"), bucket(&b, b"lease"));
     let names = |file: &[u8], name: &[u8]| -> Vec<Vec<u8>> {

@@ -340,7 +340,9 @@ mod tests {
         }
         file.extend(branch);
         let db = Db::open(&file).unwrap();
-        let error = db.for_each(db.bucket_root(), &mut |_, _, _| Ok(())).unwrap_err();
+        let error = db
+            .for_each(db.bucket_root(), &mut |_, _, _| Ok(()))
+            .unwrap_err();
         assert!(error.to_string().contains("referenced twice"), "{error}");
     }
 

@@ -168,7 +168,10 @@ async fn write_key_bucket<T: ReadTxn, W: Write + Seek>(
         if failed.is_some() {
             return;
         }
-        if let Some(kept) = kept.as_ref().filter(|_| entry.kv.mod_revision <= revs.compact) {
+        if let Some(kept) = kept
+            .as_ref()
+            .filter(|_| entry.kv.mod_revision <= revs.compact)
+        {
             let probe = (entry.kv.mod_revision, std::mem::take(&mut entry.kv.key));
             if entry.deleted || !kept.contains(&probe) {
                 return;

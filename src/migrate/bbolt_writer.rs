@@ -62,12 +62,23 @@ impl<W: Write + Seek> BboltWriter<W> {
     }
 
     /// Adds `key` = `value` to `bucket`, writing its leaf page when full.
-    pub fn put(&mut self, bucket: &mut BucketWriter, key: &[u8], value: &[u8]) -> anyhow::Result<()> {
+    pub fn put(
+        &mut self,
+        bucket: &mut BucketWriter,
+        key: &[u8],
+        value: &[u8],
+    ) -> anyhow::Result<()> {
         if bucket.last_key.as_deref().is_some_and(|last| last >= key) {
             bail!("bbolt keys must be written in ascending order");
         }
         bucket.last_key = Some(key.to_vec());
-        self.push(&mut bucket.leaves, key.to_vec(), value.to_vec(), 0, LEAF_PAGE)
+        self.push(
+            &mut bucket.leaves,
+            key.to_vec(),
+            value.to_vec(),
+            0,
+            LEAF_PAGE,
+        )
     }
 
     /// Adds an element to `level`, first writing the level's page if the
@@ -171,7 +182,13 @@ impl<W: Write + Seek> BboltWriter<W> {
             // A bucket's value is its header: root page and sequence.
             let mut header = page.to_le_bytes().to_vec();
             header.extend_from_slice(&0u64.to_le_bytes());
-            self.push(&mut root.leaves, name.to_vec(), header, BUCKET_LEAF, LEAF_PAGE)?;
+            self.push(
+                &mut root.leaves,
+                name.to_vec(),
+                header,
+                BUCKET_LEAF,
+                LEAF_PAGE,
+            )?;
         }
         let root_page = self.finish_bucket(root)?;
         let freelist = self.next_page;
@@ -220,7 +237,9 @@ mod tests {
         for (key, value) in &items {
             writer.put(&mut big, key, value).unwrap();
         }
-        writer.put(&mut big, &[0xff; 5], &vec![7u8; 3 * PAGE_SIZE]).unwrap();
+        writer
+            .put(&mut big, &[0xff; 5], &vec![7u8; 3 * PAGE_SIZE])
+            .unwrap();
         assert!(writer.put(&mut big, b"\x00", b"").is_err());
         let big = writer.finish_bucket(big).unwrap();
         let empty = writer.bucket();

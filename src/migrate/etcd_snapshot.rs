@@ -24,8 +24,8 @@ use sha2::{Digest, Sha256};
 
 use super::bbolt::Db;
 use super::{Imported, Migrated};
-use crate::backend::snapshot::empty_target;
 use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION};
+use crate::backend::snapshot::empty_target;
 use crate::backend::{AuthKind, Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::mvccpb::KeyValue;
 use crate::store::hash::LiveKeysHasher;
@@ -113,7 +113,10 @@ fn read_auth(db: &Db) -> anyhow::Result<AuthContents> {
         })?;
     }
     let mut records = Vec::new();
-    for (name, kind) in [(&b"authUsers"[..], AuthKind::User), (b"authRoles", AuthKind::Role)] {
+    for (name, kind) in [
+        (&b"authUsers"[..], AuthKind::User),
+        (b"authRoles", AuthKind::Role),
+    ] {
         if let Some(bucket) = db.bucket(name)? {
             db.for_each(bucket, &mut |key, value, _| {
                 records.push((kind, key.to_vec(), value.to_vec()));
@@ -147,9 +150,7 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
             .with_context(|| format!("bad KeyValue record at revision {main}"))?;
         // A corrupt file can hold well-formed bytes that no etcd wrote:
         // rows must come in revision order and agree with their keys.
-        let previous = log
-            .last()
-            .map(|e: &LogEntry| (e.kv.mod_revision, e.sub));
+        let previous = log.last().map(|e: &LogEntry| (e.kv.mod_revision, e.sub));
         if main < 1 || sub < 0 || previous.is_some_and(|p| p >= (main, sub)) {
             bail!("revision record {main}_{sub} is out of order in the `key` bucket");
         }
@@ -438,7 +439,11 @@ mod tests {
             .put(&mut meta, b"finishedCompactRev", &compacted)
             .unwrap();
         writer
-            .put(&mut meta, b"scheduledCompactRev", &revision_key(150, 0, false))
+            .put(
+                &mut meta,
+                b"scheduledCompactRev",
+                &revision_key(150, 0, false),
+            )
             .unwrap();
         let meta = writer.finish_bucket(meta).unwrap();
         let mut lease = writer.bucket();

@@ -167,7 +167,9 @@ async fn hash_kept_rows<T: ReadTxn>(
     }
     let (mut kept, any_alive) = unchanged_keys(txn, read_at(revision, current), compact).await?;
     if !any_alive {
-        kept = unchanged_keys(txn, read_at(compact, current), compact).await?.0;
+        kept = unchanged_keys(txn, read_at(compact, current), compact)
+            .await?
+            .0;
     }
     if kept.is_empty() {
         return Ok(());
@@ -261,7 +263,8 @@ impl LiveKeysHasher {
 
     /// The digest.
     pub fn finish(mut self) -> u32 {
-        self.0.sort_unstable_by_key(|&(main, sub, _, _)| (main, sub));
+        self.0
+            .sort_unstable_by_key(|&(main, sub, _, _)| (main, sub));
         self.0
             .iter()
             .fold(crc32c::crc32c(b"key"), |crc, &(_, _, row, len)| {

@@ -80,7 +80,12 @@ impl Etcd {
                 .arg(snapshot)
                 .arg("--data-dir")
                 .arg(data_dir)
-                .args(["--name", "default", "--initial-advertise-peer-urls", peer_url])
+                .args([
+                    "--name",
+                    "default",
+                    "--initial-advertise-peer-urls",
+                    peer_url,
+                ])
                 .arg("--initial-cluster")
                 .arg(format!("default={peer_url}"))
                 .output()
