@@ -246,7 +246,7 @@ pub async fn hash_kv_if_compacted<T: ReadTxn>(txn: &mut T) -> StoreResult<u32> {
 
 /// etcd's HashKV of rows fed in any order: each row's CRC is kept with its
 /// revision and length, and the CRCs are combined in (revision, sub) order
-/// at the end (CRC-32C is linear), 24 bytes a row. How an import checks what
+/// at the end (CRC-32C is linear), 32 bytes a row. How an import checks what
 /// it wrote without reading it twice.
 #[derive(Default)]
 pub struct LiveKeysHasher(Vec<(i64, i64, u32, u64)>);
