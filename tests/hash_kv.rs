@@ -14,7 +14,7 @@ use cetera::proto::etcdserverpb::{
     RequestOp, TxnRequest,
 };
 use common::differential::Side;
-use common::{differential, outcome};
+use common::{differential, etcdctl_35, outcome, run_etcdctl};
 
 /// A small deterministic generator (xorshift), the same on both sides.
 struct Rng(u64);
@@ -170,6 +170,16 @@ async fn random_history(side: &mut Side, seed: u64) {
     note_hashes(side, &mut rng, current, current).await;
     let rev = side.put(b"again", b"x").await;
     note_hashes(side, &mut rng, rev, current).await;
+    // What an operator compares: etcdctl's own view of it.
+    if let Some(etcdctl) = etcdctl_35() {
+        let out = run_etcdctl(&etcdctl, &side.addr, &["endpoint", "hashkv", "-w", "json"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let hash = &json[0]["HashKV"];
+        side.note(
+            "etcdctl endpoint hashkv",
+            format!("{} compact {}", hash["hash"], hash["compact_revision"]),
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
