@@ -191,8 +191,7 @@ pub fn verify(path: &Path) -> anyhow::Result<bool> {
         .filter(|_| &magic == b"SQLite format 3\0")
         .with_context(|| {
             format!(
-                "{} is not a cetera snapshot (not an SQLite database; etcd's own snapshots \
-                 are restored with etcdutl)",
+                "{} is neither an etcd snapshot (bbolt) nor a cetera snapshot (SQLite)",
                 path.display()
             )
         })?;

@@ -15,17 +15,19 @@
 //!   header (root pgid u64, sequence u64); root 0 means an inline bucket,
 //!   whose page follows the header in the value.
 
+use std::collections::HashSet;
+
 use anyhow::{Context, bail};
 
-const MAGIC: u32 = 0xED0C_DAED;
-const PAGE_HEADER: usize = 16;
-const ELEMENT: usize = 16;
+pub(super) const MAGIC: u32 = 0xED0C_DAED;
+pub(super) const PAGE_HEADER: usize = 16;
+pub(super) const ELEMENT: usize = 16;
 const BUCKET_HEADER: usize = 16;
-const BRANCH_PAGE: u16 = 0x01;
-const LEAF_PAGE: u16 = 0x02;
-const BUCKET_LEAF: u32 = 0x01;
+pub(super) const BRANCH_PAGE: u16 = 0x01;
+pub(super) const LEAF_PAGE: u16 = 0x02;
+pub(super) const BUCKET_LEAF: u32 = 0x01;
 /// Offset of the checksum in a meta page's body (the fields before it are summed).
-const META_CHECKSUM_AT: usize = 56;
+pub(super) const META_CHECKSUM_AT: usize = 56;
 
 /// An opened bbolt file, borrowed from its bytes.
 pub struct Db<'a> {
@@ -57,7 +59,7 @@ fn u64_at(bytes: &[u8], at: usize) -> anyhow::Result<u64> {
 }
 
 /// FNV-1a, 64 bits (bbolt's meta checksum).
-fn fnv64a(bytes: &[u8]) -> u64 {
+pub(super) fn fnv64a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in bytes {
         hash ^= u64::from(*byte);
@@ -114,20 +116,32 @@ impl<'a> Db<'a> {
         })
     }
 
-    /// The bytes of page `id` with its overflow pages.
+    /// The bytes of page `id` with its overflow pages. Offsets are checked,
+    /// so a corrupt id or overflow count is an error, never an overflow.
     fn page(&self, id: u64) -> anyhow::Result<&'a [u8]> {
-        let start = (id as usize)
-            .checked_mul(self.page_size)
-            .context("bbolt page id out of range")?;
+        let past_end = || format!("bbolt page {id} is past the end of the file");
+        let start = usize::try_from(id)
+            .ok()
+            .and_then(|id| id.checked_mul(self.page_size))
+            .with_context(past_end)?;
         let head = self
             .data
-            .get(start..start + PAGE_HEADER)
-            .with_context(|| format!("bbolt page {id} is past the end of the file"))?;
+            .get(start..start.saturating_add(PAGE_HEADER))
+            .with_context(past_end)?;
         let overflow = u32_at(head, 12)? as usize;
-        let end = start + (overflow + 1) * self.page_size;
+        let end = overflow
+            .checked_add(1)
+            .and_then(|pages| pages.checked_mul(self.page_size))
+            .and_then(|len| len.checked_add(start))
+            .with_context(past_end)?;
         self.data
             .get(start..end.min(self.data.len()))
-            .with_context(|| format!("bbolt page {id} is past the end of the file"))
+            .with_context(past_end)
+    }
+
+    /// The root bucket, whose elements are the top-level buckets.
+    pub fn bucket_root(&self) -> Bucket<'a> {
+        self.root
     }
 
     /// The top-level bucket `name`, if there is one.
@@ -158,9 +172,13 @@ impl<'a> Db<'a> {
         bucket: Bucket<'a>,
         each: &mut dyn FnMut(&'a [u8], &'a [u8], u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
+        let mut visited = HashSet::new();
         match bucket.inline {
-            Some(page) => self.walk(page, each, 0),
-            None => self.walk(self.page(bucket.root)?, each, 0),
+            Some(page) => self.walk(page, each, 0, &mut visited),
+            None => {
+                visited.insert(bucket.root);
+                self.walk(self.page(bucket.root)?, each, 0, &mut visited)
+            }
         }
     }
 
@@ -169,6 +187,7 @@ impl<'a> Db<'a> {
         page: &'a [u8],
         each: &mut dyn FnMut(&'a [u8], &'a [u8], u32) -> anyhow::Result<()>,
         depth: usize,
+        visited: &mut HashSet<u64>,
     ) -> anyhow::Result<()> {
         // A well-formed tree is shallow; a deep one is a loop in a corrupt file.
         if depth > 64 {
@@ -180,7 +199,12 @@ impl<'a> Db<'a> {
             let at = PAGE_HEADER + index * ELEMENT;
             if flags & BRANCH_PAGE != 0 {
                 let child = u64_at(page, at + 8)?;
-                self.walk(self.page(child)?, each, depth + 1)?;
+                // In a tree every page has one parent: a page met twice is
+                // a corrupt file, and walking it again could take forever.
+                if !visited.insert(child) {
+                    bail!("bbolt page {child} is referenced twice; the file is corrupt");
+                }
+                self.walk(self.page(child)?, each, depth + 1, visited)?;
             } else if flags & LEAF_PAGE != 0 {
                 let element_flags = u32_at(page, at)?;
                 let pos = at + u32_at(page, at + 4)? as usize;
@@ -298,6 +322,28 @@ mod tests {
         .unwrap();
         assert_eq!(seen, vec![(b"x".to_vec(), b"1".to_vec())]);
         assert!(db.bucket(b"none").unwrap().is_none());
+    }
+
+    /// A branch page that names itself is refused, not walked forever.
+    #[test]
+    fn refuses_a_page_met_twice() {
+        const SIZE: usize = 512;
+        let mut file = meta_page(0, 2, 1, SIZE);
+        file.extend(meta_page(1, 2, 1, SIZE));
+        let mut branch = vec![0u8; SIZE];
+        branch[..8].copy_from_slice(&2u64.to_le_bytes());
+        branch[8..10].copy_from_slice(&BRANCH_PAGE.to_le_bytes());
+        branch[10..12].copy_from_slice(&2u16.to_le_bytes());
+        for index in 0..2 {
+            let at = PAGE_HEADER + index * ELEMENT;
+            branch[at + 8..at + 16].copy_from_slice(&2u64.to_le_bytes());
+        }
+        file.extend(branch);
+        let db = Db::open(&file).unwrap();
+        let error = db
+            .for_each(db.bucket_root(), &mut |_, _, _| Ok(()))
+            .unwrap_err();
+        assert!(error.to_string().contains("referenced twice"), "{error}");
     }
 
     #[test]

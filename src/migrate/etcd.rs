@@ -134,9 +134,6 @@ pub async fn import<T: Backend>(
     // Leases that copied keys name: each must exist in the target.
     let mut attached: HashSet<i64> = HashSet::new();
     let mut hasher = LiveKeysHasher::default();
-    // A kine on MySQL lists in its column's case-insensitive order; the
-    // hash wants key order, so a kine's keys are sorted before hashing.
-    let mut kine_keys = Vec::new();
     let mut bar = None;
     let mut total = 0;
     let mut logged = 0;
@@ -174,18 +171,13 @@ pub async fn import<T: Backend>(
             if kv.lease != 0 {
                 attached.insert(kv.lease);
             }
-            if like_kine {
-                kine_keys.push(kv.clone());
-            } else {
-                hasher.add(&kv);
-            }
-            writer
-                .append(&LogEntry {
-                    kv,
-                    sub: *sub,
-                    deleted: false,
-                })
-                .await?;
+            let entry = LogEntry {
+                kv,
+                sub: *sub,
+                deleted: false,
+            };
+            hasher.add(&entry);
+            writer.append(&entry).await?;
             *sub += 1;
             copied += 1;
         }
@@ -257,10 +249,6 @@ pub async fn import<T: Backend>(
         bar.finish_and_clear();
     }
 
-    kine_keys.sort_by(|a, b| a.key.cmp(&b.key));
-    for kv in &kine_keys {
-        hasher.add(kv);
-    }
     super::verify_import(
         target,
         Imported {

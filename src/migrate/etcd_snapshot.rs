@@ -12,9 +12,10 @@
 //! completed here as etcd completes it on start. Leases come from the `lease`
 //! bucket and, as when etcd restores a snapshot, start afresh: their
 //! deadline is now plus their TTL (or the checkpointed remaining TTL). Users,
-//! roles, members, alarms and the cluster id are not imported.
+//! roles and the auth switch and revision come from `auth`, `authUsers` and
+//! `authRoles`; members, alarms and the cluster id are not imported.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -23,8 +24,9 @@ use sha2::{Digest, Sha256};
 
 use super::bbolt::Db;
 use super::{Imported, Migrated};
+use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION};
 use crate::backend::snapshot::empty_target;
-use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
+use crate::backend::{AuthKind, Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::proto::mvccpb::KeyValue;
 use crate::store::hash::LiveKeysHasher;
 
@@ -45,6 +47,12 @@ struct LeaseRecord {
     ttl: i64,
     #[prost(int64, tag = "3")]
     remaining_ttl: i64,
+}
+
+/// True if `start` (a file's first bytes) is a bbolt meta page, as etcd's
+/// snapshots and data files begin.
+pub fn is_bbolt(start: &[u8]) -> bool {
+    start.get(16..20) == Some(&super::bbolt::MAGIC.to_le_bytes()[..])
 }
 
 /// The bbolt bytes of a snapshot file: a trailer (when the size is 32 more
@@ -77,6 +85,46 @@ struct Contents {
     revisions: Revisions,
     /// The lease records.
     leases: Vec<LeaseRecord>,
+    /// The auth switch and revision (`auth` bucket), if recorded.
+    auth_enabled: Option<bool>,
+    auth_revision: Option<i64>,
+    /// Users and roles: (kind, name, authpb record).
+    auth_records: Vec<(AuthKind, Vec<u8>, Vec<u8>)>,
+}
+
+/// Reads the `auth`, `authUsers` and `authRoles` buckets.
+type AuthContents = (Option<bool>, Option<i64>, Vec<(AuthKind, Vec<u8>, Vec<u8>)>);
+
+fn read_auth(db: &Db) -> anyhow::Result<AuthContents> {
+    let (mut enabled, mut revision) = (None, None);
+    if let Some(bucket) = db.bucket(b"auth")? {
+        db.for_each(bucket, &mut |key, value, _| {
+            match key {
+                b"enabled" => enabled = Some(value == [1]),
+                b"authRevision" => {
+                    let bytes: [u8; 8] = value
+                        .try_into()
+                        .context("bad authRevision in the `auth` bucket")?;
+                    revision = Some(i64::try_from(u64::from_be_bytes(bytes)).unwrap_or(i64::MAX));
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+    }
+    let mut records = Vec::new();
+    for (name, kind) in [
+        (&b"authUsers"[..], AuthKind::User),
+        (b"authRoles", AuthKind::Role),
+    ] {
+        if let Some(bucket) = db.bucket(name)? {
+            db.for_each(bucket, &mut |key, value, _| {
+                records.push((kind, key.to_vec(), value.to_vec()));
+                Ok(())
+            })?;
+        }
+    }
+    Ok((enabled, revision, records))
 }
 
 /// Reads and decodes the etcd data in `data` (a bbolt file).
@@ -100,6 +148,26 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
         let sub = i64::from_be_bytes(sub.try_into()?);
         let mut kv = KeyValue::decode(value)
             .with_context(|| format!("bad KeyValue record at revision {main}"))?;
+        // A corrupt file can hold well-formed bytes that no etcd wrote:
+        // rows must come in revision order and agree with their keys.
+        let previous = log.last().map(|e: &LogEntry| (e.kv.mod_revision, e.sub));
+        if main < 1 || sub < 0 || previous.is_some_and(|p| p >= (main, sub)) {
+            bail!("revision record {main}_{sub} is out of order in the `key` bucket");
+        }
+        if !deleted
+            && (kv.mod_revision != main
+                || kv.create_revision < 1
+                || kv.create_revision > main
+                || kv.version < 1)
+        {
+            bail!(
+                "the record at revision {main} says create revision {}, mod revision {}, \
+                 version {}",
+                kv.create_revision,
+                kv.mod_revision,
+                kv.version
+            );
+        }
         if deleted {
             // etcd stores only the key in a tombstone.
             kv = KeyValue {
@@ -143,6 +211,7 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
             Ok(())
         })?;
     }
+    let (auth_enabled, auth_revision, auth_records) = read_auth(&db)?;
     Ok(Contents {
         log,
         revisions: Revisions {
@@ -151,7 +220,20 @@ fn read_contents(data: &[u8], history: bool) -> anyhow::Result<Contents> {
             compacted_through: compact.max(0),
         },
         leases,
+        auth_enabled,
+        auth_revision,
+        auth_records,
     })
+}
+
+/// Reads an etcd snapshot file's bytes as `import` does, without writing
+/// anything: the checksum, every bucket it reads, the records' checks.
+/// Returns the number of revision records. For fuzzing and tests.
+pub fn parse(file: &[u8]) -> anyhow::Result<usize> {
+    let data = database_bytes(file, Path::new("snapshot"))?;
+    let contents = read_contents(data, true)?;
+    expected_hash(&contents);
+    Ok(contents.log.len())
 }
 
 /// Completes a compaction at `compact` that etcd had scheduled but not
@@ -180,25 +262,27 @@ fn complete_compaction(log: &mut Vec<LogEntry>, compact: i64) {
 }
 
 /// The HashKV (at the current revision) of a store holding `contents`,
-/// computed as `hash_kv` computes it, and the number of live keys.
+/// computed as etcd's HashByRev takes the rows (see `hash`): every row after
+/// the compact revision, and below it the rows of the keys alive now, or
+/// every remaining row when no key is alive. Also the number of live keys.
 fn expected_hash(contents: &Contents) -> (u32, usize) {
-    let mut live: BTreeMap<&[u8], &LogEntry> = BTreeMap::new();
+    let mut live: HashMap<&[u8], (i64, i64)> = HashMap::new();
     for entry in &contents.log {
         if entry.deleted {
             live.remove(&entry.kv.key[..]);
         } else {
-            live.insert(&entry.kv.key, entry);
+            live.insert(&entry.kv.key, (entry.kv.mod_revision, entry.sub));
         }
     }
     let compact = contents.revisions.compact;
     let mut hasher = LiveKeysHasher::default();
-    if compact > 0 {
-        for entry in live.values().filter(|e| e.kv.mod_revision <= compact) {
-            hasher.add(&entry.kv);
+    for entry in &contents.log {
+        let kept = entry.kv.mod_revision > compact
+            || live.is_empty()
+            || live.get(&entry.kv.key[..]) == Some(&(entry.kv.mod_revision, entry.sub));
+        if kept {
+            hasher.add(entry);
         }
-    }
-    for entry in contents.log.iter().filter(|e| e.kv.mod_revision > compact) {
-        hasher.add_log_entry(entry);
     }
     (hasher.finish(), live.len())
 }
@@ -246,6 +330,15 @@ pub async fn import<T: Backend>(
             expires_at: now_ms + remaining.max(1) * 1000,
         };
         writer.put_lease(&row).await?;
+    }
+    for (kind, name, record) in &contents.auth_records {
+        writer.put_auth_record(*kind, name, record).await?;
+    }
+    if let Some(enabled) = contents.auth_enabled {
+        writer.set_setting(AUTH_ENABLED, i64::from(enabled)).await?;
+    }
+    if let Some(revision) = contents.auth_revision {
+        writer.set_setting(AUTH_REVISION, revision).await?;
     }
     writer.set_revisions(revisions).await?;
     writer.commit().await?;
@@ -314,6 +407,91 @@ mod tests {
         let mut never = vec![row("a", 2, false), row("a", 3, true)];
         complete_compaction(&mut never, -1);
         assert_eq!(never.len(), 2);
+    }
+
+    /// A small snapshot written by cetera's writer (buckets as etcd's).
+    fn sample_snapshot() -> Vec<u8> {
+        use crate::migrate::bbolt_writer::BboltWriter;
+        use crate::store::mvcc_record::{entry_key, entry_value, revision_key};
+        let mut writer = BboltWriter::new(std::io::Cursor::new(Vec::new())).unwrap();
+        let mut key = writer.bucket();
+        for revision in 2..400i64 {
+            let entry = LogEntry {
+                kv: KeyValue {
+                    key: format!("/k/{}", revision % 37).into_bytes(),
+                    create_revision: 2,
+                    mod_revision: revision,
+                    version: revision - 1,
+                    value: vec![b'v'; (revision % 90) as usize],
+                    lease: revision % 3,
+                },
+                sub: 0,
+                deleted: revision % 11 == 0,
+            };
+            writer
+                .put(&mut key, &entry_key(&entry), &entry_value(&entry))
+                .unwrap();
+        }
+        let key = writer.finish_bucket(key).unwrap();
+        let mut meta = writer.bucket();
+        let compacted = revision_key(100, 0, false);
+        writer
+            .put(&mut meta, b"finishedCompactRev", &compacted)
+            .unwrap();
+        writer
+            .put(
+                &mut meta,
+                b"scheduledCompactRev",
+                &revision_key(150, 0, false),
+            )
+            .unwrap();
+        let meta = writer.finish_bucket(meta).unwrap();
+        let mut lease = writer.bucket();
+        let record = LeaseRecord {
+            id: 1,
+            ttl: 60,
+            remaining_ttl: 0,
+        };
+        writer
+            .put(&mut lease, &1i64.to_be_bytes(), &record.encode_to_vec())
+            .unwrap();
+        let lease = writer.finish_bucket(lease).unwrap();
+        writer
+            .finish(&[(b"key", key), (b"lease", lease), (b"meta", meta)])
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Truncated and bit-flipped snapshots give an error (or, for a flip in
+    /// bytes nothing reads, the same records), never a panic; with the
+    /// trailer every change is caught by the checksum.
+    #[test]
+    fn damaged_snapshots_are_errors_not_panics() {
+        let data = sample_snapshot();
+        let records = parse(&data).unwrap();
+        assert!(records > 200, "{records}");
+        let mut with_trailer = data.clone();
+        with_trailer.extend_from_slice(&Sha256::digest(&data));
+        assert_eq!(parse(&with_trailer).unwrap(), records);
+        for len in (0..data.len()).step_by(211) {
+            // Without its meta pages nothing can be read; a later cut is
+            // refused where a page the reader needs is missing.
+            assert!(parse(&data[..len]).is_err() || len >= 2 * 4096, "{len}");
+        }
+        let mut errors = 0;
+        for (n, at) in (0..data.len()).step_by(67).enumerate() {
+            let mut damaged = data.clone();
+            damaged[at] ^= 1 << (at % 8);
+            // Either refused or read; what matters is that it returns.
+            errors += usize::from(parse(&damaged).is_err());
+            if n % 4 == 0 {
+                let mut damaged = with_trailer.clone();
+                damaged[at] ^= 1 << (at % 8);
+                let error = parse(&damaged).unwrap_err();
+                assert!(error.to_string().contains("checksum"), "{error}");
+            }
+        }
+        assert!(errors > 0);
     }
 
     #[test]

