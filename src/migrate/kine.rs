@@ -31,7 +31,7 @@ use super::kine_rows::{Bookkeeping, Converted, Converter, HEALTH_KEY};
 use super::kine_source::{KineEndpoint, KineSource};
 use super::{Imported, Migrated, progress_bar};
 use crate::backend::snapshot::empty_target;
-use crate::backend::{Backend, LeaseRow, Revisions, WriteTxn};
+use crate::backend::{Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
 use crate::store::hash::LiveKeysHasher;
 
 /// The prefix of `--from` naming a kine datastore.
@@ -213,11 +213,11 @@ fn now_ms() -> i64 {
 }
 
 /// HashKV at the current revision of the store the import wrote, computed
-/// from the source as `hash_kv` computes it from a store: the live keys
-/// last changed at or before the compact revision, in key order (read
-/// again from kine by id), then every row after the compact revision, in
-/// revision order (read again and converted from the keys' states at the
-/// compact revision).
+/// from the source as `hash_kv` computes it from a store: the rows of the
+/// live keys last changed at or before the compact revision (read again
+/// from kine by id), then every row after the compact revision (read again
+/// and converted from the keys' states at the compact revision); the
+/// hasher puts them in revision order.
 async fn source_hash(
     source: &mut KineSource,
     converter: &Converter,
@@ -245,7 +245,12 @@ async fn source_hash(
                 let Some(row) = rows.remove(&state.last) else {
                     bail!("kine row {} vanished during the import", state.last);
                 };
-                hasher.add(&Converter::live_entry(key, state, row));
+                // Every kine row is a revision of its own: sub 0.
+                hasher.add(&LogEntry {
+                    kv: Converter::live_entry(key, state, row),
+                    sub: 0,
+                    deleted: false,
+                });
             }
         }
     }
@@ -256,7 +261,7 @@ async fn source_hash(
         after = last.id;
         for row in page {
             if let Converted::Entry(entry) = replay.convert(row) {
-                hasher.add_log_entry(&entry);
+                hasher.add(&entry);
             }
         }
     }
