@@ -59,7 +59,8 @@ pub struct SqliteWrite {
     /// The revision of the last log row appended in this transaction.
     pub(super) last_appended: i64,
     pub(super) committed: bool,
-    /// The server's key index, which appends change at once (see `key_index`).
+    /// The server's key index, which this transaction's appends enter at
+    /// once (see `key_index`).
     pub(super) index: SharedIndex,
     /// After `clear`: the index this transaction builds, which replaces the
     /// shared one at commit, so that readers meanwhile see the old store whole.
