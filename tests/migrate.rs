@@ -9,9 +9,8 @@ mod common;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use cetera::backend::sqlite::Sqlite;
 use cetera::backend::{Backend, LeaseRow, LogEntry, ReadTxn, Revisions, WriteTxn};
@@ -21,15 +20,14 @@ use cetera::proto::etcdserverpb::lease_client::LeaseClient;
 use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use cetera::proto::etcdserverpb::request_op::Request;
 use cetera::proto::etcdserverpb::{
-    Compare, HashKvRequest, LeaseGrantRequest, RangeRequest, RangeResponse, RequestOp,
-    StatusRequest, TxnRequest,
+    Compare, HashKvRequest, LeaseGrantRequest, RangeResponse, RequestOp, StatusRequest, TxnRequest,
 };
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
 use common::kv_fixtures::{compact, delete_range, get, put_request, range_all};
 use common::migration::{
-    all_keys, assert_prints, assert_success, etcdctl_on, json_revision, lease_ttls, leases,
-    migrate, put_in_txns, text,
+    all_keys, assert_empty_store, assert_prints, assert_success, etcdctl_on, json_revision,
+    kill_migrate_at_progress, lease_ttls, leases, migrate, put_in_txns, text,
 };
 use common::{Cetera, Etcd, channel, etcdctl_35, in_ci};
 
@@ -374,50 +372,10 @@ async fn a_migration_killed_half_way_leaves_an_empty_target_and_a_rerun_complete
     write_log(Path::new(source.sqlite_path().unwrap()), 20_000).await;
     let target = FreshDatabase::new(dir.path());
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cetera"))
-        .args([
-            "migrate",
-            "--from",
-            &source.endpoint,
-            "--to",
-            &target.endpoint,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until it reports revisions copied (a tenth of them), then kill -9.
-    let mut seen = Vec::new();
-    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
-        let line = line.unwrap();
-        seen.push(line.clone());
-        if line.contains("copied ") && line.contains(" of 20001 revisions") {
-            child.kill().unwrap();
-            break;
-        }
-    }
-    let status = child.wait().unwrap();
-    assert!(
-        !status.success(),
-        "migrate finished before the kill: {seen:?}"
-    );
-
+    // Killed once it reports revisions copied (a tenth of them).
+    kill_migrate_at_progress(&source.endpoint, &target.endpoint, " of 20001 revisions");
     // Nothing was committed: the target is an empty store.
-    {
-        let server = Cetera::start_on(&target.endpoint).await;
-        let mut kv = KvClient::new(channel(&server.endpoint()).await);
-        let resp = kv
-            .range(RangeRequest {
-                key: vec![0],
-                range_end: vec![0],
-                count_only: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!((resp.count, resp.header.unwrap().revision), (0, 1));
-    }
+    assert_empty_store(&target.endpoint).await;
 
     // So a rerun needs no --force, and completes and verifies.
     let rerun = migrate(&source.endpoint, &target.endpoint, &[]);

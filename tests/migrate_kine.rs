@@ -29,16 +29,17 @@ mod common;
 mod fake_kine;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use cetera::proto::etcdserverpb::kv_client::KvClient;
 use cetera::proto::etcdserverpb::{RangeRequest, RangeResponse};
 use cetera::proto::mvccpb::KeyValue;
 use common::datastore::{FreshDatabase, TestBackend};
 use common::kv_fixtures::range_all;
-use common::migration::{assert_prints, assert_success, leases, migrate, text};
+use common::migration::{
+    assert_empty_store, assert_prints, assert_success, kill_migrate_at_progress, leases, migrate,
+    text,
+};
 use common::{Cetera, channel, in_ci};
 use mysql_async::prelude::Queryable;
 
@@ -957,43 +958,10 @@ async fn an_interrupted_import_of_100k_rows_commits_nothing_and_a_rerun_complete
     let dir = tempfile::tempdir().unwrap();
     let target = FreshDatabase::new(dir.path());
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cetera"))
-        .args(["migrate", "--from", &from, "--to", &target.endpoint])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // Progress is reported (a line every tenth without a terminal); kill -9
     // at the first one.
-    let mut seen = Vec::new();
-    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
-        let line = line.unwrap();
-        seen.push(line.clone());
-        if line.contains("copied ") && line.contains(" of 100000 revisions") {
-            child.kill().unwrap();
-            break;
-        }
-    }
-    let status = child.wait().unwrap();
-    assert!(
-        !status.success(),
-        "migrate finished before the kill: {seen:?}"
-    );
-    {
-        let server = Cetera::start_on(&target.endpoint).await;
-        let mut kv = KvClient::new(channel(&server.endpoint()).await);
-        let resp = kv
-            .range(RangeRequest {
-                key: vec![0],
-                range_end: vec![0],
-                count_only: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!((resp.count, resp.header.unwrap().revision), (0, 1));
-    }
+    kill_migrate_at_progress(&from, &target.endpoint, " of 100000 revisions");
+    assert_empty_store(&target.endpoint).await;
 
     let rerun = migrate(&from, &target.endpoint, &[]);
     assert_success(&rerun, "rerun of cetera migrate --from kine");

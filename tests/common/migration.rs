@@ -48,6 +48,52 @@ pub async fn put_in_txns(
     }
 }
 
+/// Starts `cetera migrate --from FROM --to TO` and kills it (SIGKILL) at
+/// its first progress line that contains `progress` ("of N revisions");
+/// fails if it ended before that.
+pub fn kill_migrate_at_progress(from: &str, to: &str, progress: &str) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cetera"))
+        .args(["migrate", "--from", from, "--to", to])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cetera migrate");
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("copied ") && line.contains(progress) {
+            child.kill().unwrap();
+            break;
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "migrate finished before the kill: {seen:?}"
+    );
+}
+
+/// Asserts that the store at `endpoint` is a new, empty one: no key, revision 1.
+pub async fn assert_empty_store(endpoint: &str) {
+    use cetera::proto::etcdserverpb::RangeRequest;
+    let server = super::Cetera::start_on(endpoint).await;
+    let mut kv = KvClient::new(channel(&server.endpoint()).await);
+    let resp = kv
+        .range(RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            count_only: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((resp.count, resp.header.unwrap().revision), (0, 1));
+}
+
 /// Runs `cetera migrate --from FROM --to TO [extra]`.
 pub fn migrate(from: &str, to: &str, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cetera"))
