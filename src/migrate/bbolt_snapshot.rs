@@ -27,20 +27,12 @@ use std::io::{Seek, Write};
 use prost::Message;
 
 use super::bbolt_writer::{BboltWriter, BucketWriter};
+use super::etcd_snapshot::LeaseRecord;
 use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION};
 use crate::backend::{AuthKind, ReadAt, ReadTxn};
 use crate::proto::etcdserverpb::AlarmMember;
 use crate::store::hash::{for_each_log_entry, unchanged_keys};
 use crate::store::mvcc_record::{entry_key, entry_value, revision_key};
-
-/// etcd's leasepb.Lease.
-#[derive(Clone, PartialEq, Message)]
-struct LeaseRecord {
-    #[prost(int64, tag = "1")]
-    id: i64,
-    #[prost(int64, tag = "2")]
-    ttl: i64,
-}
 
 /// The cluster version etcd 3.5 records.
 const CLUSTER_VERSION: &[u8] = b"3.5.0";
@@ -86,9 +78,11 @@ pub async fn write<T: ReadTxn, W: Write + Seek>(txn: &mut T, file: W) -> anyhow:
         .await?
         .into_iter()
         .map(|lease| {
+            // As etcd writes a lease without checkpoints: no remaining TTL.
             let record = LeaseRecord {
                 id: lease.id,
                 ttl: lease.ttl,
+                remaining_ttl: 0,
             };
             (lease.id.to_be_bytes().to_vec(), record.encode_to_vec())
         })

@@ -38,15 +38,17 @@ pub fn snapshot_path(from: &str) -> Option<&Path> {
     from.strip_prefix(SCHEME).map(Path::new)
 }
 
-/// etcd's leasepb.Lease, as stored in the `lease` bucket.
+/// etcd's leasepb.Lease, as stored in the `lease` bucket (read here,
+/// written by `bbolt_snapshot`).
 #[derive(Clone, PartialEq, Message)]
-struct LeaseRecord {
+pub(super) struct LeaseRecord {
     #[prost(int64, tag = "1")]
-    id: i64,
+    pub(super) id: i64,
     #[prost(int64, tag = "2")]
-    ttl: i64,
+    pub(super) ttl: i64,
+    /// Set only by etcd's lease checkpoints; 0 (left out) otherwise.
     #[prost(int64, tag = "3")]
-    remaining_ttl: i64,
+    pub(super) remaining_ttl: i64,
 }
 
 /// True if `start` (a file's first bytes) is a bbolt meta page, as etcd's
