@@ -26,8 +26,10 @@
 # Usage: scripts/bench.sh [--quick] [--only CASES] [--idle SECONDS] [--out DIR]
 #                         [--backend sqlite|postgres|mysql]
 #   --quick         short steps (3 s), 100k keys instead of 1M, 10 s idle: ~3 minutes
-#   --only CASES    comma-separated subset of: put,range,txn,list,watch,lease,k8s,
-#                   scale,slow,idle
+#   --only CASES    comma-separated subset of: put,range,txn,list,stream,watch,lease,
+#                   k8s,scale,slow,soak,idle
+#   --soak D        length of the soak (default 30m, compaction every 5m; quick: 2m,
+#                   compaction every 30s); env BENCH_SOAK
 #   --idle SECONDS  length of the idle test (default 60; env BENCH_IDLE_SECS)
 #   --duration D    length of each measured step, e.g. 10s (default 10s, quick 3s)
 #   --out DIR       where results go (default: a new dir under target/bench/)
@@ -43,6 +45,7 @@ QUICK=0
 ONLY=""
 IDLE_SECS=${BENCH_IDLE_SECS:-}
 STEP=""
+SOAK=${BENCH_SOAK:-}
 OUT=""
 BACKEND=sqlite
 while [[ $# -gt 0 ]]; do
@@ -51,6 +54,7 @@ while [[ $# -gt 0 ]]; do
         --only) ONLY=$2; shift ;;
         --idle) IDLE_SECS=$2; shift ;;
         --duration) STEP=$2; shift ;;
+        --soak) SOAK=$2; shift ;;
         --out) OUT=$2; shift ;;
         --backend) BACKEND=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -78,8 +82,10 @@ esac
 
 if [[ $QUICK == 1 ]]; then
     STEP=${STEP:-3s}; IDLE_SECS=${IDLE_SECS:-10}; SCALE_KEYS=100000; SLOW_SECS=10
+    SOAK=${SOAK:-2m}; COMPACT_EVERY=30s
 else
     STEP=${STEP:-10s}; IDLE_SECS=${IDLE_SECS:-60}; SCALE_KEYS=1000000; SLOW_SECS=20
+    SOAK=${SOAK:-30m}; COMPACT_EVERY=5m
 fi
 OUT=${OUT:-$ROOT/target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
@@ -256,6 +262,8 @@ sample_begin() {
     S_CPU=$(cpu_ticks "$pids")
     S_SYS=$(sys_ticks "$pids")
     S_T0=$(date +%s.%N)
+    # With RESET_HWM set, VmHWM is the step's own peak, not the peak since start.
+    [[ -z ${RESET_HWM:-} ]] || echo 5 >"/proc/${pids%% *}/clear_refs" 2>/dev/null || true
     S_FSYNC_OUT=$OUT/$tag.fsync
     local pid_list
     pid_list=$(echo $pids | tr ' ' ',')
@@ -302,6 +310,31 @@ sample_end() {
         "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)")
 }
 
+# growth_begin PID DIR TAG: with GROWTH_EVERY set, samples every GROWTH_EVERY seconds
+# the seconds since the start, the bytes of the server's data dir and of its database
+# file (etcd's member/snap/db, cetera's SQLite file; 0 on a database server) and its
+# VmRSS in KB, one line each, into $OUT/TAG.growth. growth_end stops it.
+growth_begin() {
+    G_SAMPLER=""
+    [[ -n ${GROWTH_EVERY:-} ]] || return 0
+    local pid=$1 dir=$2 out=$OUT/$3.growth db
+    db=$dir/state.db
+    [[ -d $dir/data ]] && db=$dir/data/member/snap/db
+    (
+        t0=$(date +%s)
+        while kill -0 "$pid" 2>/dev/null; do
+            echo "$(($(date +%s) - t0)) $(du -sb "$dir" | cut -f1) $(stat -c %s "$db" 2>/dev/null || echo 0) $(status_kb "$pid" VmRSS)"
+            sleep "$GROWTH_EVERY"
+        done
+    ) >"$out" 2>/dev/null &
+    G_SAMPLER=$!
+}
+growth_end() {
+    [[ -n $G_SAMPLER ]] || return 0
+    kill "$G_SAMPLER" 2>/dev/null || true
+    wait "$G_SAMPLER" 2>/dev/null || true
+}
+
 # record CASE STEP SERVER BENCH_JSON_FILE: appends one line to results.jsonl.
 record() {
     python3 - "$1" "$2" "$3" "$4" "$SAMPLE" >>"$RESULTS" <<'EOF'
@@ -336,9 +369,11 @@ run_case() {
             log "  $label: cetera-bench $args"
             echo "cetera-bench --endpoints URL $args" >"$OUT/$label.cmd"
             sample_begin "$(server_pids "$server" "$pid")" "$tag"
+            growth_begin "$pid" "$WORK/$case-$server" "$tag"
             # shellcheck disable=SC2086
             "$BENCH" --endpoints "$url" --json $args >"$OUT/$tag.json" ||
                 log "  $label on $server reported errors (see $OUT/$tag.json)"
+            growth_end
             sample_end "$(server_pids "$server" "$pid")"
             record "$case" "$label" "$server" "$OUT/$tag.json"
         done
@@ -373,6 +408,16 @@ want list && run_case list "--prefix list/ --key-space 10000" \
     "list-10k=list --clients 4 --conns 4 --key-space 10000 $D" \
     "list-10k-busy=list --clients 4 --conns 4 --key-space 10000 --write-rate 200 $D"
 
+# Lists of 10k and 100k keys of 1 KiB: paginated (500 per page) and with one
+# RangeStream (etcd 3.7; etcd 3.5.1 answers Unimplemented), each step's own peak RSS.
+if want stream; then
+    for n in 10000 100000; do
+        RESET_HWM=1 run_case stream-$((n / 1000))k "--prefix list/ --key-space $n --val-size 1024" \
+            "list-$((n / 1000))k-paged=list --clients 1 --conns 1 --key-space $n --val-size 1024 $D" \
+            "list-$((n / 1000))k-stream=list --stream --clients 1 --conns 1 --key-space $n --val-size 1024 $D"
+    done
+fi
+
 want watch && run_case watch "" \
     "watch-100=watch --watchers 100 --clients 1 --conns 4 --rate 200 $D"
 
@@ -393,6 +438,11 @@ fi
 
 want slow && run_case slow "" \
     "put-10-per-s=put --clients 1 --conns 1 --rate 10 --duration ${SLOW_SECS}s"
+
+# The soak: the k8s mix at a steady rate with the apiserver's compactor, the data
+# dir and RSS sampled every 10 s.
+want soak && GROWTH_EVERY=10 run_case soak "--prefix /registry/pods/default/ --key-space 2000 --val-size 1024" \
+    "soak=k8s --clients 16 --conns 4 --key-space 2000 --val-size 1024 --watchers 10 --listers 2 --rate 400 --compact-every $COMPACT_EVERY --duration $SOAK"
 
 if want idle && [[ $BACKEND != sqlite ]]; then
     log "idle: skipped on $BACKEND (the database server's own background work is not cetera's)"
@@ -536,6 +586,40 @@ if wal:
     out += ["", "### cetera's WAL at the end of each case (the commits since its last restart)", ""]
     out += ["| case | commits | pages per commit (mean) | pages per commit (p50) | WAL KB per commit |", "|---|---:|---:|---:|---:|"] + wal
 
+# The soak: the longest write per window between compactions, and growth.
+def growth(server):
+    path = os.path.join(sys.argv[3], f"soak-{server}.growth")
+    if not os.path.exists(path):
+        return []
+    return [tuple(int(v) for v in l.split()) for l in open(path) if len(l.split()) == 4]
+def windows(server):
+    x = result("soak", server, "k8s-write")
+    return (x or {}).get("extra", {}).get("compaction_windows", [])
+soak = {s: windows(s) for s in ("etcd", "cetera")}
+if soak["cetera"] or soak["etcd"]:
+    out += ["", "### Soak: the k8s mix at a steady rate, the apiserver's compaction (its Txn, then Compact) at every window's start", ""]
+    out.append("| window (s from start) | compacted to e/c | etcd compact ms | cetera compact ms | etcd longest write ms | cetera longest write ms | etcd db MB at end | cetera db MB at end | etcd data dir MB | cetera data dir MB | etcd VmRSS MB | cetera VmRSS MB |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    g = {s: growth(s) for s in ("etcd", "cetera")}
+    def at(server, t, i):
+        rows = [r for r in g[server] if r[0] <= t]
+        return rows[-1][i] / 2**20 if rows else None
+    for i in range(max(len(soak["etcd"]), len(soak["cetera"]))):
+        e = soak["etcd"][i] if i < len(soak["etcd"]) else {}
+        c = soak["cetera"][i] if i < len(soak["cetera"]) else {}
+        w = e or c
+        out.append("| " + " | ".join([
+            f"{w['from_s']}-{w['to_s']}", f"{e.get('compacted_to') or '-'}/{c.get('compacted_to') or '-'}",
+            fmt(e.get("compact_ms")), fmt(c.get("compact_ms")),
+            fmt(e.get("longest_write_ms")), fmt(c.get("longest_write_ms")),
+            fmt(at("etcd", e.get("to_s", 0), 2)), fmt(at("cetera", c.get("to_s", 0), 2)),
+            fmt(at("etcd", e.get("to_s", 0), 1)), fmt(at("cetera", c.get("to_s", 0), 1)),
+            fmt(at("etcd", e.get("to_s", 0), 3) and at("etcd", e.get("to_s", 0), 3) * 1024),
+            fmt(at("cetera", c.get("to_s", 0), 3) and at("cetera", c.get("to_s", 0), 3) * 1024),
+        ]) + " |")
+    out.append("")
+    out.append("Window 0 runs from the start to the first compaction. db is etcd's member/snap/db and cetera's SQLite file, each at the window's end; the data dir includes the WAL (etcd preallocates 64 MB WAL files).")
+
 # Targets of issue #6.
 T = []
 def target(what, value, ok):
@@ -599,6 +683,24 @@ if all(k):
     r = ratio(k[0]["sample"]["vmrss_kb"], k[1]["sample"]["vmrss_kb"])
     target("RSS after the k8s run: cetera <= 1/2 of etcd's (VmRSS)",
            f"{fmt(k[0]['sample']['vmrss_kb'] / 1024)} vs {fmt(k[1]['sample']['vmrss_kb'] / 1024)} MB ({fmt(r, 2)}x)", r <= 0.5)
+
+cw = soak["cetera"][1:]
+if cw:
+    worst = max(w["longest_write_ms"] for w in cw)
+    ew = [w["longest_write_ms"] for w in soak["etcd"][1:]]
+    target("soak: no write waits more than 100 ms in a compaction window (longest write of every window after a compaction)",
+           f"cetera {fmt(worst)} ms, etcd {fmt(max(ew) if ew else None)} ms", worst <= 100)
+    gc = growth("cetera")
+    if len(cw) >= 2 and gc:
+        # Plateau: the largest database file and RSS of the last window are within
+        # 10 % of those of the window before it.
+        last, before = cw[-1], cw[-2]
+        def peak(i, w):
+            return max((r[i] for r in gc if w["from_s"] <= r[0] <= w["to_s"]), default=0)
+        db = ratio(peak(2, last), peak(2, before))
+        rss = ratio(peak(3, last), peak(3, before))
+        target("soak: cetera's database file and RSS plateau (last window's peak <= 1.1x the window's before)",
+               f"db {fmt(db, 2)}x, RSS {fmt(rss, 2)}x", db is not None and rss is not None and db <= 1.1 and rss <= 1.1)
 
 if T:
     out += ["", "### Targets (issue #6)", "", "| target | measured | |", "|---|---|---|"]

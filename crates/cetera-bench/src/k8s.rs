@@ -9,6 +9,8 @@
 //! - `--listers` paginated Lists of the prefix (500 per page), one every `--list-interval`.
 //! - `--watchers` watchers on the prefix with prev_kv, as the apiserver's watch cache;
 //!   their latency is from a write's acknowledgement to the event's arrival.
+//! - With `--compact-every`, the apiserver's compactor (`compactor.rs`); the writes'
+//!   longest latency is then reported per window between compactions.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use crate::Common;
 use crate::driver::{self, Outcome, Stats, Worker};
 use crate::keys::{self, Keys};
 use crate::watch::{Ack, Delivery, Watchers};
-use crate::{list, net, populate, txn};
+use crate::{compactor, list, net, populate, txn};
 
 /// The K8s scenario's default prefix (a namespace's pods).
 pub const DEFAULT_PREFIX: &str = "/registry/pods/default/";
@@ -52,6 +54,9 @@ pub struct K8sArgs {
     /// How often a new lease is granted for creates.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub lease_every: Duration,
+    /// Run the apiserver's compactor at this interval (its default is 5m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub compact_every: Option<Duration>,
 }
 
 #[derive(Clone, Copy)]
@@ -223,11 +228,28 @@ pub async fn run(
             }
         })
         .collect();
+    let compactions = args
+        .compact_every
+        .map(|every| compactor::spawn(&channels[0], every, stop.clone()));
+    let started = Instant::now();
     let (mut writes, writers) = driver::run("k8s-write", &common.load(), writers).await;
+    let ended = Instant::now();
     stop.store(true, Ordering::Relaxed);
 
     let mut counts = [0u64; 3];
     let mut acks: HashMap<i64, Ack> = HashMap::new();
+    if let Some(compactions) = compactions {
+        let made = compactions.await.expect("compactor panicked")?;
+        let sent: Vec<Ack> = writers
+            .iter()
+            .flat_map(|w| w.acks.iter().map(|a| a.1))
+            .collect();
+        writes.note("compactions", made.len() as u64);
+        writes.note(
+            "compaction_windows",
+            compactor::windows(started, &made, &sent, ended),
+        );
+    }
     for w in writers {
         for (i, n) in w.counts.iter().enumerate() {
             counts[i] += n;

@@ -9,6 +9,7 @@
 //! names the leader's endpoint and `failover` kills the leader under a light write load
 //! and times the recovery (`scripts/bench-cluster.sh` runs them).
 
+mod compactor;
 mod driver;
 mod failover;
 mod k8s;
