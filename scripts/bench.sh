@@ -310,6 +310,14 @@ sample_end() {
         "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)")
 }
 
+# sample_push / sample_pop: sets one server's sampling aside while a second one's
+# begins and ends (two servers measured at once).
+sample_push() { SAVED=("$S_WB" "$S_SYSCW" "$S_CPU" "$S_SYS" "$S_T0" "$S_COUNTER" "$S_FSYNC_OUT"); }
+sample_pop() {
+    S_WB=${SAVED[0]} S_SYSCW=${SAVED[1]} S_CPU=${SAVED[2]} S_SYS=${SAVED[3]}
+    S_T0=${SAVED[4]} S_COUNTER=${SAVED[5]} S_FSYNC_OUT=${SAVED[6]}
+}
+
 # growth_begin PID DIR TAG: with GROWTH_EVERY set, samples every GROWTH_EVERY seconds
 # the seconds since the start, the bytes of the server's data dir and of its database
 # file (etcd's member/snap/db, cetera's SQLite file; 0 on a database server) and its
@@ -387,6 +395,44 @@ run_case() {
     done
 }
 
+# run_at_once CASE POPULATE_ARGS STEP_LABEL=BENCH_ARGS: a fresh etcd and a fresh
+# cetera, both filled, then the step on both at the same time (each with its own
+# cetera-bench), so that whatever else the machine does meets both alike. With
+# GROWTH_EVERY set, both are sampled for growth.
+run_at_once() {
+    local case=$1 populate=$2 label=${3%%=*} args=${3#*=} server
+    local -A pid url sampler
+    for server in etcd cetera; do
+        start_server "$server" "$case-$server"
+        pid[$server]=$SERVER_PID url[$server]=$SERVER_URL
+        # shellcheck disable=SC2086
+        "$BENCH" --endpoints "${url[$server]}" --conns 4 --clients 16 $populate populate >/dev/null
+    done
+    sleep 1
+    log "$case on etcd and cetera at once: cetera-bench $args"
+    echo "cetera-bench --endpoints URL $args" >"$OUT/$label.cmd"
+    sample_begin "$(server_pids etcd "${pid[etcd]}")" "$label-etcd"
+    sample_push
+    sample_begin "$(server_pids cetera "${pid[cetera]}")" "$label-cetera"
+    local benches=()
+    for server in etcd cetera; do
+        growth_begin "${pid[$server]}" "$WORK/$case-$server" "$label-$server"
+        sampler[$server]=$G_SAMPLER
+        # shellcheck disable=SC2086
+        "$BENCH" --endpoints "${url[$server]}" --json $args >"$OUT/$label-$server.json" 2>/dev/null &
+        benches+=($!)
+    done
+    wait "${benches[@]}" || log "  $label reported errors (see $OUT/$label-*.json)"
+    for server in etcd cetera; do G_SAMPLER=${sampler[$server]} growth_end; done
+    sample_end "$(server_pids cetera "${pid[cetera]}")"
+    record "$case" "$label" cetera "$OUT/$label-cetera.json"
+    sample_pop
+    sample_end "$(server_pids etcd "${pid[etcd]}")"
+    record "$case" "$label" etcd "$OUT/$label-etcd.json"
+    stop_server "${pid[cetera]}"
+    stop_server "${pid[etcd]}"
+}
+
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 D="--duration $STEP"
 log "results in $OUT (steps of $STEP)"
@@ -439,9 +485,10 @@ fi
 want slow && run_case slow "" \
     "put-10-per-s=put --clients 1 --conns 1 --rate 10 --duration ${SLOW_SECS}s"
 
-# The soak: the k8s mix at a steady rate with the apiserver's compactor, the data
-# dir and RSS sampled every 10 s.
-want soak && GROWTH_EVERY=10 run_case soak "--prefix /registry/pods/default/ --key-space 2000 --val-size 1024" \
+# The soak: the k8s mix at a steady rate with the apiserver's compactor, on both
+# servers at once (it would take twice as long one after the other; at this rate
+# neither uses a whole core), the data dir and RSS sampled every 10 s.
+want soak && GROWTH_EVERY=10 run_at_once soak "--prefix /registry/pods/default/ --key-space 2000 --val-size 1024" \
     "soak=k8s --clients 16 --conns 4 --key-space 2000 --val-size 1024 --watchers 10 --listers 2 --rate 400 --compact-every $COMPACT_EVERY --duration $SOAK"
 
 if want idle && [[ $BACKEND != sqlite ]]; then
@@ -454,12 +501,12 @@ elif want idle; then
     sleep 3 # let start-up writes settle
     echo '{"results": []}' >"$OUT/idle.json"
     sample_begin "$etcd_pid" idle-etcd
-    E_WB=$S_WB E_SYSCW=$S_SYSCW E_CPU=$S_CPU E_SYS=$S_SYS E_T0=$S_T0 E_COUNTER=$S_COUNTER E_OUT=$S_FSYNC_OUT
+    sample_push
     sample_begin "$cetera_pid" idle-cetera
     sleep "$IDLE_SECS"
     sample_end "$cetera_pid"
     record idle idle cetera "$OUT/idle.json"
-    S_WB=$E_WB S_SYSCW=$E_SYSCW S_CPU=$E_CPU S_SYS=$E_SYS S_T0=$E_T0 S_COUNTER=$E_COUNTER S_FSYNC_OUT=$E_OUT
+    sample_pop
     sample_end "$etcd_pid"
     record idle idle etcd "$OUT/idle.json"
     stop_server "$cetera_pid"
