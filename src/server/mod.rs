@@ -79,6 +79,9 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
     // Refuse a bad retention before connecting to the database.
     config.auto_compaction()?;
+    for (gate, on) in config.feature_gates() {
+        tracing::info!("feature gate {gate}={on} is etcd's; cetera has no such switch");
+    }
     let datastore = Datastore::parse(&config.endpoint)?;
     if config.replicated() && !matches!(datastore, Datastore::Sqlite(_)) {
         anyhow::bail!(
