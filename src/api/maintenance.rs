@@ -237,7 +237,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             hash: hashed.hash,
             compact_revision: hashed.compact,
             // A 3.6 field; a 3.5 does not send it.
-            hash_revision: if self.downgrade.speaks_36() {
+            hash_revision: if self.info.emulates_36() {
                 hashed.revision
             } else {
                 0
