@@ -445,6 +445,27 @@ impl Config {
             .collect()
     }
 
+    /// Whether the emulated etcd refuses a watch from a negative revision:
+    /// 3.5.24, 3.6.6 and later do (server/etcdserver/api/v3rpc/watch.go).
+    pub fn watch_refuses_negative_start(&self) -> bool {
+        let mut parts = self
+            .emulated_etcd_version
+            .trim_start_matches('v')
+            .split(['.', '-', '+'])
+            .map(|part| part.parse::<u64>().ok());
+        let (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        match (major, minor) {
+            (3, 5) => patch >= 24,
+            (3, 6) => patch >= 6,
+            (3, minor) => minor > 6,
+            (major, _) => major > 3,
+        }
+    }
+
     /// Whether this server is a member of a replicated cluster.
     pub fn replicated(&self) -> bool {
         self.cluster_init || self.join.is_some()
@@ -633,6 +654,28 @@ mod tests {
                 .to_string();
             assert!(error.contains(message), "{value}: {error}");
         }
+    }
+
+    #[test]
+    fn negative_watch_starts_are_refused_from_3_5_24_and_3_6_6() {
+        let refuses = |version: &str| {
+            Config::parse_from(["cetera", "--emulated-etcd-version", version])
+                .watch_refuses_negative_start()
+        };
+        for (version, expected) in [
+            ("3.5.13", false),
+            ("3.5.23", false),
+            ("3.5.24", true),
+            ("3.6.5", false),
+            ("v3.6.6", true),
+            ("3.7.0-rc.0", true),
+            ("3.4.40", false),
+            ("4.0.0", true),
+            ("3.6", false),
+        ] {
+            assert_eq!(refuses(version), expected, "{version}");
+        }
+        assert!(!Config::parse_from(["cetera"]).watch_refuses_negative_start());
     }
 
     #[test]

@@ -244,6 +244,7 @@ async fn serve<B: Backend>(
     let watch_options = SessionOptions {
         progress_interval: config.watch_progress_notify_interval,
         max_response_bytes: config.max_request_bytes,
+        refuse_negative_start: config.watch_refuses_negative_start(),
     };
 
     let listener = tokio::net::TcpListener::bind(config.listen_address)
