@@ -68,9 +68,22 @@ pub struct Config {
     pub emulated_etcd_version: String,
 
     /// How often watchers that ask for progress notifications get one
-    /// (etcd's --experimental-watch-progress-notify-interval; Kubernetes setups use 5s).
-    #[arg(long, env = "CETERA_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_interval)]
+    /// (etcd 3.6's name; 3.5's --experimental-watch-progress-notify-interval
+    /// is accepted too; Kubernetes setups use 5s).
+    #[arg(
+        long,
+        visible_alias = "experimental-watch-progress-notify-interval",
+        env = "CETERA_WATCH_PROGRESS_NOTIFY_INTERVAL",
+        default_value = "5s",
+        value_parser = parse_interval
+    )]
     pub watch_progress_notify_interval: std::time::Duration,
+
+    /// etcd 3.6's feature gates, `Name=true,Other=false` (may be repeated).
+    /// etcd's gate names are accepted and have no effect on cetera; an
+    /// unknown name is refused, as etcd refuses it.
+    #[arg(long, env = "CETERA_FEATURE_GATES", value_parser = parse_feature_gates)]
+    pub feature_gates: Vec<FeatureGates>,
 
     /// How often an instance on a shared database looks for other
     /// instances' writes: MySQL's only signal, PostgreSQL's bound on a
@@ -272,6 +285,58 @@ fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
     Ok(interval)
 }
 
+/// The gates etcd 3.6 and 3.7 know (server/features/etcd_features.go),
+/// with the featuregate package's AllAlpha and AllBeta. None has a
+/// counterpart in cetera: they switch etcd's corruption checks, lease
+/// checkpoints, peer addressing, defragmentation and write paths.
+pub const ETCD_FEATURE_GATES: &[&str] = &[
+    "AllAlpha",
+    "AllBeta",
+    "CompactHashCheck",
+    "FastLeaseKeepAlive",
+    "InitialCorruptCheck",
+    "LeaseCheckpoint",
+    "LeaseCheckpointPersist",
+    "PriorityRequest",
+    "SetMemberLocalAddr",
+    "StopGRPCServiceOnDefrag",
+    "TxnModeWriteWithSharedBuffer",
+];
+
+/// One `--feature-gates` value: gate names with the state asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureGates(pub Vec<(String, bool)>);
+
+/// Go's strconv.ParseBool, which etcd reads gate values with.
+fn parse_go_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Reads `Name=bool,...` as etcd's featuregate Set does, with its messages.
+fn parse_feature_gates(text: &str) -> Result<FeatureGates, String> {
+    let mut gates = Vec::new();
+    for item in text.split(',').filter(|item| !item.is_empty()) {
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name.trim(), value.trim()),
+            None => return Err(format!("missing bool value for {}", item.trim())),
+        };
+        let on = parse_go_bool(value).ok_or_else(|| {
+            format!(
+                "invalid value of {name}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax"
+            )
+        })?;
+        if !ETCD_FEATURE_GATES.contains(&name) {
+            return Err(format!("unrecognized feature gate: {name}"));
+        }
+        gates.push((name.to_string(), on));
+    }
+    Ok(FeatureGates(gates))
+}
+
 /// How `--auto-compaction-retention` is read.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AutoCompactionMode {
@@ -370,6 +435,35 @@ impl Config {
             "http"
         };
         format!("{scheme}://{addr}")
+    }
+
+    /// The `--feature-gates` settings, later ones overriding earlier ones.
+    pub fn feature_gates(&self) -> std::collections::BTreeMap<String, bool> {
+        self.feature_gates
+            .iter()
+            .flat_map(|gates| gates.0.iter().cloned())
+            .collect()
+    }
+
+    /// Whether the emulated etcd refuses a watch from a negative revision:
+    /// 3.5.24, 3.6.6 and later do (server/etcdserver/api/v3rpc/watch.go).
+    pub fn watch_refuses_negative_start(&self) -> bool {
+        let mut parts = self
+            .emulated_etcd_version
+            .trim_start_matches('v')
+            .split(['.', '-', '+'])
+            .map(|part| part.parse::<u64>().ok());
+        let (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        match (major, minor) {
+            (3, 5) => patch >= 24,
+            (3, 6) => patch >= 6,
+            (3, minor) => minor > 6,
+            (major, _) => major > 3,
+        }
     }
 
     /// Whether this server is a member of a replicated cluster.
@@ -500,6 +594,88 @@ mod tests {
         assert_eq!(history(&["--history", "true"]), (true, false));
         let missing = Config::try_parse_from(["cetera", "migrate", "--from", "/a.db"]);
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn watch_progress_interval_takes_etcd_35_and_36_names() {
+        for flag in [
+            "--watch-progress-notify-interval",
+            "--experimental-watch-progress-notify-interval",
+        ] {
+            let config = Config::parse_from(["cetera", flag, "250ms"]);
+            assert_eq!(
+                config.watch_progress_notify_interval,
+                std::time::Duration::from_millis(250)
+            );
+        }
+        let config = Config::parse_from(["cetera"]);
+        assert_eq!(
+            config.watch_progress_notify_interval,
+            std::time::Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn feature_gates_are_read_as_etcd_reads_them() {
+        let config = Config::parse_from([
+            "cetera",
+            "--feature-gates",
+            "CompactHashCheck=true, StopGRPCServiceOnDefrag = false,,",
+            "--feature-gates=CompactHashCheck=f,AllAlpha=1",
+        ]);
+        let gates = config.feature_gates();
+        assert_eq!(
+            gates.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("AllAlpha".to_string(), true),
+                ("CompactHashCheck".to_string(), false),
+                ("StopGRPCServiceOnDefrag".to_string(), false),
+            ]
+        );
+        assert!(Config::parse_from(["cetera"]).feature_gates().is_empty());
+        for (value, message) in [
+            ("NoSuchGate=true", "unrecognized feature gate: NoSuchGate"),
+            (
+                "CompactHashCheck",
+                "missing bool value for CompactHashCheck",
+            ),
+            (
+                "CompactHashCheck=yes",
+                "invalid value of CompactHashCheck=yes, err: strconv.ParseBool: parsing \"yes\": invalid syntax",
+            ),
+            // Names are case-sensitive, as in etcd.
+            (
+                "compacthashcheck=true",
+                "unrecognized feature gate: compacthashcheck",
+            ),
+        ] {
+            let error = Config::try_parse_from(["cetera", "--feature-gates", value])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(message), "{value}: {error}");
+        }
+    }
+
+    #[test]
+    fn negative_watch_starts_are_refused_from_3_5_24_and_3_6_6() {
+        let refuses = |version: &str| {
+            Config::parse_from(["cetera", "--emulated-etcd-version", version])
+                .watch_refuses_negative_start()
+        };
+        for (version, expected) in [
+            ("3.5.13", false),
+            ("3.5.23", false),
+            ("3.5.24", true),
+            ("3.6.5", false),
+            ("v3.6.6", true),
+            ("3.7.0-rc.0", true),
+            ("3.4.40", false),
+            ("4.0.0", true),
+            ("3.6", false),
+        ] {
+            assert_eq!(refuses(version), expected, "{version}");
+        }
+        assert!(!Config::parse_from(["cetera"]).watch_refuses_negative_start());
     }
 
     #[test]

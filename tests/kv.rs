@@ -519,15 +519,45 @@ async fn maintenance_and_cluster_for_etcdctl() {
 }
 
 #[tokio::test]
-async fn unimplemented_services_say_so() {
-    use cetera::proto::etcdserverpb::DowngradeRequest;
-    use cetera::proto::etcdserverpb::maintenance_client::MaintenanceClient;
-    let server = Cetera::start().await;
-    let mut maintenance = MaintenanceClient::new(common::channel(&server.endpoint()).await);
-    // There is no cluster version to downgrade.
-    let err = maintenance
-        .downgrade(DowngradeRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err:?}");
+async fn range_and_txn_refuse_unknown_sort_options_from_36_on() {
+    use cetera::proto::etcdserverpb::request_op::Request as Op;
+    use cetera::proto::etcdserverpb::{RangeRequest, RequestOp, TxnRequest};
+    let range = RangeRequest {
+        key: b"k".to_vec(),
+        sort_order: 7,
+        ..Default::default()
+    };
+    let txn = TxnRequest {
+        success: vec![RequestOp {
+            request: Some(Op::RequestRange(RangeRequest {
+                sort_order: 0,
+                sort_target: 9,
+                ..range.clone()
+            })),
+        }],
+        ..Default::default()
+    };
+    for (args, refused) in [
+        (&[][..], false),
+        (&["--emulated-etcd-version", "3.6.11"][..], true),
+    ] {
+        let server = Cetera::start_with(args).await;
+        let mut kv = cetera::proto::etcdserverpb::kv_client::KvClient::new(
+            common::channel(&server.endpoint()).await,
+        );
+        let results = [
+            kv.range(range.clone()).await.err(),
+            kv.txn(txn.clone()).await.err(),
+        ];
+        for result in results {
+            let shown = result.map(|status| (status.code(), status.message().to_string()));
+            let expected = refused.then(|| {
+                (
+                    tonic::Code::InvalidArgument,
+                    "etcdserver: invalid sort option".to_string(),
+                )
+            });
+            assert_eq!(shown, expected, "{args:?}");
+        }
+    }
 }

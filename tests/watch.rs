@@ -1205,3 +1205,29 @@ async fn etcdctl_watch_interactive() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_start_revision_is_refused_from_3_5_24_and_3_6_6() {
+    for (version, refused) in [("3.5.13", false), ("3.5.24", true), ("3.6.11", true)] {
+        let server = common::Cetera::start_with(&["--emulated-etcd-version", version]).await;
+        let mut ws = common::WatchStream::open(common::channel(&server.endpoint()).await, false);
+        ws.create(WatchCreateRequest {
+            key: b"k".to_vec(),
+            start_revision: -1,
+            ..Default::default()
+        });
+        let created = ws.recv(Duration::from_secs(5)).await.unwrap();
+        assert!(created.created, "{version}: {created:?}");
+        let shown = (created.canceled, created.watch_id, created.cancel_reason);
+        let expected = if refused {
+            (
+                true,
+                -1,
+                "etcdserver: mvcc: required revision has been compacted".to_string(),
+            )
+        } else {
+            (false, 0, String::new())
+        };
+        assert_eq!(shown, expected, "{version}");
+    }
+}

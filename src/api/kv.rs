@@ -64,7 +64,7 @@ impl<B: Backend> Kv for KvService<B> {
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
-        check_range(&req)?;
+        check_range(&req, self.info.emulates_36())?;
         self.info
             .auth
             .authorize_range(&self.info.caller(&metadata)?, &req)?;
@@ -133,7 +133,7 @@ impl<B: Backend> Kv for KvService<B> {
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let (metadata, _, req) = request.into_parts();
-        check_txn(&req, self.info.max_txn_ops)?;
+        check_txn_as(&req, self.info.max_txn_ops, self.info.emulates_36())?;
         check_duplicates(&req.success)?;
         check_duplicates(&req.failure)?;
         self.check_size(&req)?;
@@ -159,25 +159,28 @@ impl<B: Backend> Kv for KvService<B> {
     }
 }
 
-fn check_range(req: &RangeRequest) -> Result<(), Status> {
+/// etcd's checks of a Range (checkRangeRequest): a key, and from etcd 3.6
+/// on (`sort_options`), a sort order and target etcd knows; a 3.5 takes
+/// any number.
+fn check_range(req: &RangeRequest, sort_options: bool) -> Result<(), Status> {
     if req.key.is_empty() {
         return Err(errors::empty_key());
+    }
+    if sort_options
+        && (SortOrder::try_from(req.sort_order).is_err()
+            || SortTarget::try_from(req.sort_target).is_err())
+    {
+        return Err(errors::invalid_sort_option());
     }
     Ok(())
 }
 
 /// etcd 3.7's checks of a RangeStream (checkRangeStreamRequest): those of
-/// its Range (a key; since etcd 3.6, known sort options: etcd 3.5, whose
-/// Range cetera's follows, has no such check), then no sort order but
-/// etcd's default (a target with order NONE passes) and no revision
-/// filters, which etcd answers Unimplemented.
+/// its Range as etcd 3.7 checks it (a key, known sort options), then no
+/// sort order but etcd's default (a target with order NONE passes) and no
+/// revision filters, which etcd answers Unimplemented.
 fn check_range_stream(req: &RangeRequest) -> Result<(), Status> {
-    check_range(req)?;
-    if SortOrder::try_from(req.sort_order).is_err()
-        || SortTarget::try_from(req.sort_target).is_err()
-    {
-        return Err(errors::invalid_sort_option());
-    }
+    check_range(req, true)?;
     let order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
     let target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
     if !(order == SortOrder::None || (order == SortOrder::Ascend && target == SortTarget::Key)) {
@@ -240,8 +243,15 @@ fn check_delete(req: &DeleteRangeRequest) -> Result<(), Status> {
 }
 
 /// etcd's limit: no more than `max_ops` compares, or ops in either branch;
-/// a nested txn gets what its parent left over.
+/// a nested txn gets what its parent left over. Ranges are checked as a 3.5
+/// checks them.
 pub(super) fn check_txn(req: &TxnRequest, max_ops: usize) -> Result<(), Status> {
+    check_txn_as(req, max_ops, false)
+}
+
+/// `check_txn`, with the ranges' sort options checked too when
+/// `sort_options` (etcd 3.6 and later).
+fn check_txn_as(req: &TxnRequest, max_ops: usize, sort_options: bool) -> Result<(), Status> {
     let ops = req
         .compare
         .len()
@@ -255,10 +265,10 @@ pub(super) fn check_txn(req: &TxnRequest, max_ops: usize) -> Result<(), Status> 
     }
     for op in req.success.iter().chain(&req.failure) {
         match &op.request {
-            Some(Op::RequestRange(r)) => check_range(r)?,
+            Some(Op::RequestRange(r)) => check_range(r, sort_options)?,
             Some(Op::RequestPut(p)) => check_put(p)?,
             Some(Op::RequestDeleteRange(d)) => check_delete(d)?,
-            Some(Op::RequestTxn(t)) => check_txn(t, max_ops - ops)?,
+            Some(Op::RequestTxn(t)) => check_txn_as(t, max_ops - ops, sort_options)?,
             None => return Err(errors::key_not_found()),
         }
     }
@@ -426,5 +436,35 @@ mod tests {
         };
         let err = check_txn(&txn, 128).unwrap_err();
         assert_eq!(err.message(), "etcdserver: key not found");
+    }
+
+    #[test]
+    fn unknown_sort_options_are_refused_from_36_on() {
+        let range = |order: i32, target: i32| RangeRequest {
+            key: b"k".to_vec(),
+            sort_order: order,
+            sort_target: target,
+            ..Default::default()
+        };
+        for (order, target) in [(3, 0), (0, 5), (-1, 0)] {
+            assert!(check_range(&range(order, target), false).is_ok());
+            let err = check_range(&range(order, target), true).unwrap_err();
+            assert_eq!(err.message(), "etcdserver: invalid sort option");
+        }
+        assert!(check_range(&range(2, 4), true).is_ok());
+        // Inside a Txn, nested ones included, as etcd's checkRequestOp.
+        let inner = TxnRequest {
+            failure: vec![RequestOp {
+                request: Some(Op::RequestRange(range(9, 0))),
+            }],
+            ..Default::default()
+        };
+        let txn = TxnRequest {
+            success: vec![nested(inner.success.clone(), inner.failure.clone())],
+            ..Default::default()
+        };
+        assert!(check_txn_as(&txn, 128, false).is_ok());
+        let err = check_txn_as(&txn, 128, true).unwrap_err();
+        assert_eq!(err.message(), "etcdserver: invalid sort option");
     }
 }

@@ -1,6 +1,6 @@
 //! The Maintenance service: Status, Alarm, Snapshot, Defragment, Hash,
-//! HashKV and MoveLeader. Downgrade answers Unimplemented (there is no
-//! cluster version to downgrade).
+//! HashKV, MoveLeader and, on a single server, Downgrade (see
+//! `super::downgrade`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use super::downgrade::Downgrade;
 use super::{RAFT_TERM, ServerInfo};
 use crate::backend::{AlarmRow, Backend};
 use crate::proto::etcdserverpb::alarm_request::AlarmAction;
@@ -26,12 +27,18 @@ use crate::store::alarm::{self, AlarmChange};
 pub struct MaintenanceService<B: Backend> {
     store: Arc<Store<B>>,
     info: Arc<ServerInfo>,
+    downgrade: Downgrade,
 }
 
 impl<B: Backend> MaintenanceService<B> {
     /// The service answering for `store`.
     pub fn new(store: Arc<Store<B>>, info: Arc<ServerInfo>) -> Self {
-        MaintenanceService { store, info }
+        let downgrade = Downgrade::new(&info.version);
+        MaintenanceService {
+            store,
+            info,
+            downgrade,
+        }
     }
 }
 
@@ -50,10 +57,12 @@ const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 /// Messages read ahead of a slow client.
 const SNAPSHOT_CHUNKS_IN_FLIGHT: usize = 8;
 
-/// Streams the file at `path` into `chunks`, then its SHA-256. Stops quietly
-/// when the client goes away.
+/// Streams the file at `path` into `chunks`, then its SHA-256, each message
+/// with etcd 3.6's storage `version` (empty for a 3.5). Stops quietly when
+/// the client goes away.
 fn send_snapshot(
     path: &std::path::Path,
+    version: &str,
     chunks: &tokio::sync::mpsc::Sender<Result<SnapshotResponse, Status>>,
 ) -> Result<(), Status> {
     use sha2::Digest;
@@ -83,6 +92,7 @@ fn send_snapshot(
             header: None,
             remaining_bytes: total.saturating_sub(sent),
             blob,
+            version: version.to_string(),
         };
         if chunks.blocking_send(Ok(chunk)).is_err() {
             return Ok(());
@@ -92,6 +102,7 @@ fn send_snapshot(
         header: None,
         remaining_bytes: 0,
         blob: hasher.finalize().to_vec(),
+        version: version.to_string(),
     }));
     Ok(())
 }
@@ -186,7 +197,12 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             is_learner,
             ..Default::default()
         };
-        super::status_fields::fill(&mut resp, &self.info.version, self.info.quota_backend_bytes);
+        super::status_fields::fill(
+            &mut resp,
+            &self.info.version,
+            self.info.quota_backend_bytes,
+            self.downgrade.view(&self.store).await?,
+        );
         Ok(Response::new(resp))
     }
 
@@ -220,6 +236,12 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             header: self.info.header(hashed.current),
             hash: hashed.hash,
             compact_revision: hashed.compact,
+            // A 3.6 field; a 3.5 does not send it.
+            hash_revision: if self.info.emulates_36() {
+                hashed.revision
+            } else {
+                0
+            },
         }))
     }
 
@@ -254,9 +276,13 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             tracing::error!("snapshot failed: {e:#}");
             Status::internal(format!("cetera: snapshot failed: {e:#}"))
         })?;
+        let version = super::status_fields::storage_version(
+            &self.info.version,
+            self.downgrade.view(&self.store).await?,
+        );
         let (chunks, stream) = tokio::sync::mpsc::channel(SNAPSHOT_CHUNKS_IN_FLIGHT);
         tokio::task::spawn_blocking(move || {
-            if let Err(status) = send_snapshot(&path, &chunks) {
+            if let Err(status) = send_snapshot(&path, &version, &chunks) {
                 let _ = chunks.blocking_send(Err(status));
             }
             // The temporary directory goes once everything is sent.
@@ -292,13 +318,28 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         Ok(Response::new(MoveLeaderResponse { header: None }))
     }
 
+    /// An admin is needed when auth is on, as in etcd 3.6 and 3.5.28 on
+    /// (earlier 3.5 releases check nothing).
     async fn downgrade(
         &self,
         request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
         self.info.require_admin(request.metadata())?;
-        Err(Status::unimplemented(
-            "cetera: Downgrade is not implemented",
-        ))
+        if self.info.cluster.is_some() {
+            // The state would have to be replicated, as etcd's cluster state is.
+            return Err(Status::unimplemented(
+                "cetera: Downgrade is served only by a single server",
+            ));
+        }
+        let request = request.into_inner();
+        let version = self
+            .downgrade
+            .answer(&self.store, request.action, &request.version)
+            .await?;
+        let revision = self.store.revisions().current;
+        Ok(Response::new(DowngradeResponse {
+            header: self.info.header(revision),
+            version,
+        }))
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod cluster;
+mod downgrade;
 pub mod election;
 mod go_decode;
 pub mod kv;
@@ -61,6 +62,12 @@ impl ServerInfo {
         if header.revision == 0 {
             header.revision = current_revision;
         }
+    }
+
+    /// Whether the emulated etcd is 3.6 or later, whose checks and fields
+    /// some answers follow.
+    pub fn emulates_36(&self) -> bool {
+        status_fields::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
     }
 
     /// The Raft term: the cluster's, or a single node's constant one.

@@ -9,6 +9,9 @@ pub const MEMBER_ID: &str = "member_id";
 pub const AUTH_ENABLED: &str = "auth_enabled";
 /// etcd's auth revision: counts the changes of users, roles and the switch.
 pub const AUTH_REVISION: &str = "auth_revision";
+/// The target of etcd's Downgrade in flight, major << 32 | minor; 0 or
+/// absent when none is (no server emulates 0.1, whose target 0.0 would be).
+pub const DOWNGRADE_TARGET: &str = "downgrade_target";
 /// Until when (Unix ms) keep-alives may have been answered from memory ahead
 /// of the stored lease deadlines; 0 when the database holds every deadline
 /// promised (see `store::lease_deadlines`).

@@ -110,6 +110,8 @@ impl Command {
                     .collect(),
             },
             WriteRequest::CompactStep | WriteRequest::Nothing => return None,
+            // Cluster members do not serve Downgrade (src/api/downgrade.rs).
+            WriteRequest::Downgrade { .. } => return None,
         })
     }
 

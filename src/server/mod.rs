@@ -79,6 +79,9 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
     // Refuse a bad retention before connecting to the database.
     config.auto_compaction()?;
+    for (gate, on) in config.feature_gates() {
+        tracing::info!("feature gate {gate}={on} is etcd's; cetera has no such switch");
+    }
     let datastore = Datastore::parse(&config.endpoint)?;
     if config.replicated() && !matches!(datastore, Datastore::Sqlite(_)) {
         anyhow::bail!(
@@ -241,6 +244,7 @@ async fn serve<B: Backend>(
     let watch_options = SessionOptions {
         progress_interval: config.watch_progress_notify_interval,
         max_response_bytes: config.max_request_bytes,
+        refuse_negative_start: config.watch_refuses_negative_start(),
     };
 
     let listener = tokio::net::TcpListener::bind(config.listen_address)

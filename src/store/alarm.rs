@@ -128,6 +128,7 @@ pub fn may_be_refused(request: &WriteRequest) -> bool {
             | WriteRequest::CompactStep
             | WriteRequest::Alarm { .. }
             | WriteRequest::Auth(_)
+            | WriteRequest::Downgrade { .. }
             | WriteRequest::Nothing
     )
 }

@@ -382,6 +382,25 @@ pub async fn expired_leases_delete_their_keys<B: Backend>(t: TestStore<B>) {
     assert!(t.store.leases().await.unwrap().leases.is_empty());
 }
 
+/// Conformance test `downgrade_target_is_set_only_from_the_one_expected`.
+pub async fn downgrade_target_is_set_only_from_the_one_expected<B: Backend>(t: TestStore<B>) {
+    assert_eq!(t.store.downgrade_target().await.unwrap(), 0);
+    let target = (3 << 32) | 5;
+    assert_eq!(t.store.change_downgrade_target(0, target).await.unwrap(), 0);
+    assert_eq!(t.store.downgrade_target().await.unwrap(), target);
+    // Decided on a stale reading: refused, the stored one answered.
+    assert_eq!(t.store.change_downgrade_target(0, 7).await.unwrap(), target);
+    assert_eq!(t.store.downgrade_target().await.unwrap(), target);
+    let before = t.store.revisions();
+    assert_eq!(
+        t.store.change_downgrade_target(target, 0).await.unwrap(),
+        target
+    );
+    assert_eq!(t.store.downgrade_target().await.unwrap(), 0);
+    // Not a revision of the key space, as etcd's cluster state is not.
+    assert_eq!(t.store.revisions(), before);
+}
+
 /// Conformance test `alarms_are_stored_and_refuse_writes`.
 pub async fn alarms_are_stored_and_refuse_writes<B: Backend>(t: TestStore<B>) {
     use crate::backend::AlarmRow;
@@ -733,6 +752,13 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn expired_leases_delete_their_keys() {
             crate::store::conformance::expired_leases_delete_their_keys(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn downgrade_target_is_set_only_from_the_one_expected() {
+            crate::store::conformance::downgrade_target_is_set_only_from_the_one_expected(
                 crate::store::conformance::TestStore::open($database().await).await,
             )
             .await

@@ -112,6 +112,8 @@ pub struct KvHash {
     pub current: i64,
     /// The compact revision then.
     pub compact: i64,
+    /// The revision hashed up to (etcd 3.6's `hash_revision`).
+    pub revision: i64,
 }
 
 /// etcd HashKV on one consistent view. `revision` 0 means current; a
@@ -140,6 +142,7 @@ pub async fn hash_kv<T: ReadTxn>(txn: &mut T, revision: i64) -> StoreResult<KvHa
         hash: hasher.0,
         current: revs.current,
         compact: revs.compact,
+        revision,
     })
 }
 

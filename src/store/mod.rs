@@ -545,6 +545,23 @@ impl<B: Backend> Store<B> {
         Ok(alarm::matching(raised, alarm))
     }
 
+    /// The stored target of the Downgrade in flight (0: none; see
+    /// `settings::DOWNGRADE_TARGET`).
+    pub async fn downgrade_target(&self) -> StoreResult<i64> {
+        let mut txn = self.backend.read().await?;
+        Ok(txn
+            .setting(crate::backend::settings::DOWNGRADE_TARGET)
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// Stores `target` as the Downgrade target if the stored one is still
+    /// `expected`; answers the one stored before.
+    pub async fn change_downgrade_target(&self, expected: i64, target: i64) -> StoreResult<i64> {
+        self.write_for(WriteRequest::Downgrade { expected, target })
+            .await
+    }
+
     /// etcd Alarm ACTIVATE / DEACTIVATE: the alarm concerned, if any.
     pub async fn change_alarm(
         &self,

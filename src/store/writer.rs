@@ -58,6 +58,14 @@ pub enum WriteRequest {
         /// etcdserverpb.AlarmType number.
         alarm: i32,
     },
+    /// etcd Downgrade ENABLE or CANCEL: the stored downgrade target becomes
+    /// `target` (see `settings::DOWNGRADE_TARGET`) if it is still `expected`.
+    Downgrade {
+        /// The target the change was decided on.
+        expected: i64,
+        /// The target after it.
+        target: i64,
+    },
     /// A change of users, roles or the auth switch, as `crate::auth`
     /// computed it; made only if the auth state is still as it was read.
     Auth(AuthWrite),
@@ -103,6 +111,9 @@ pub enum WriteResponse {
     CompactStep,
     /// Answer to Alarm: the alarm concerned, if any.
     Alarm(Vec<AlarmRow>),
+    /// Answer to Downgrade: the target stored before (changed only if it
+    /// was the one expected).
+    Downgrade(i64),
     /// Answer to Auth.
     Auth,
     /// Answer to Nothing.
@@ -139,6 +150,7 @@ answers! {
     LeaseKeepAlive => LeaseKeepAliveResponse,
     Compact => CompactionResponse,
     Alarm => Vec<AlarmRow>,
+    Downgrade => i64,
 }
 
 /// The answer to an Auth write, which has nothing to tell.
@@ -404,6 +416,13 @@ async fn apply<T: WriteTxn>(
         WriteRequest::Auth(change) => {
             change_auth(txn, revs, change).await?;
             return Ok(WriteResponse::Auth);
+        }
+        WriteRequest::Downgrade { expected, target } => {
+            let stored = txn.setting(settings::DOWNGRADE_TARGET).await?.unwrap_or(0);
+            if stored == *expected {
+                txn.set_setting(settings::DOWNGRADE_TARGET, *target).await?;
+            }
+            return Ok(WriteResponse::Downgrade(stored));
         }
         WriteRequest::Nothing => return Ok(WriteResponse::Nothing),
     };

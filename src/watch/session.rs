@@ -35,6 +35,7 @@ const NO_WATCHER: i64 = -1;
 /// etcd's cancel reasons.
 const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
 const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 
 /// Settings of a watch session.
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +44,9 @@ pub struct SessionOptions {
     pub progress_interval: Duration,
     /// Responses of fragmenting watchers are cut to stay under this size.
     pub max_response_bytes: usize,
+    /// Refuse a watch from a negative revision, as etcd 3.5.24, 3.6.6 and
+    /// later do (as compacted); earlier ones take it.
+    pub refuse_negative_start: bool,
 }
 
 struct Watcher {
@@ -201,6 +205,10 @@ impl<B: Backend> WatchSession<B> {
                 r.cancel_reason = reason.to_string();
             })
         };
+        // Before the permission check, as in etcd.
+        if create.start_revision < 0 && self.options.refuse_negative_start {
+            return self.send(refuse(COMPACTED)).await;
+        }
         if let Some(reason) = self
             .create_check
             .as_ref()
