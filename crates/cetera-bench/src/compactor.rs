@@ -42,13 +42,18 @@ pub fn spawn(
         // `version`: compact_rev_key's version as last seen (the apiserver's `t`);
         // `seen`: the revision at the previous tick, compacted to at this one.
         let (mut version, mut seen) = (0i64, 0i64);
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await; // the first tick is immediate; the apiserver waits one interval
-        while !stop.load(Ordering::Relaxed) {
-            tick.tick().await;
-            if stop.load(Ordering::Relaxed) {
-                break;
+        // The apiserver waits one interval before its first tick.
+        let mut next = Instant::now() + every;
+        loop {
+            // Waits for the tick in short sleeps, to end soon after `stop`.
+            while Instant::now() < next {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(made);
+                }
+                let left = next.saturating_duration_since(Instant::now());
+                tokio::time::sleep(left.min(Duration::from_millis(100))).await;
             }
+            next += every;
             let at = Instant::now();
             let response = kv.txn(elect(version, seen)).await?.into_inner();
             let current = response.header.as_ref().map_or(0, |h| h.revision);
@@ -76,7 +81,6 @@ pub fn spawn(
             }
             seen = current;
         }
-        Ok(made)
     })
 }
 
