@@ -161,6 +161,18 @@ pub struct Config {
     )]
     pub client_cert_auth: bool,
 
+    /// etcd's client listeners: URLs, comma-separated or repeated, each
+    /// serving gRPC and the HTTP API: `http://HOST:PORT`, `https://HOST:PORT`
+    /// (needs --cert-file and --key-file) or `unix://PATH`. When given,
+    /// --listen-address is not used.
+    #[arg(long, value_delimiter = ',')]
+    pub listen_client_urls: Vec<String>,
+
+    /// etcd's extra listeners for /metrics and the health checks only:
+    /// `http://HOST:PORT` or `https://HOST:PORT` (the client TLS settings).
+    #[arg(long, value_delimiter = ',')]
+    pub listen_metrics_urls: Vec<String>,
+
     /// Address of the HTTP server for /metrics (Prometheus), /healthz,
     /// /readyz and /health, e.g. 127.0.0.1:2381. Off unless given.
     #[arg(long, env = "CETERA_METRICS_ADDRESS")]

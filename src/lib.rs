@@ -13,10 +13,14 @@
 //! to the crate.
 //!
 //! - [`server`]: opens the datastore, builds the store, serves the gRPC
-//!   services until shutdown; client TLS, the gRPC metrics layer, and the
-//!   HTTP server for /metrics and the health endpoints.
+//!   services and the HTTP gateway until shutdown; the client listeners
+//!   (one port for HTTP/2 and HTTP/1.1), client TLS, the gRPC metrics
+//!   layer, and the HTTP server for /metrics and the health endpoints.
 //! - [`config`]: the command line (etcd's and k3s's flag names); hands plain
 //!   values down.
+//! - `gateway`: etcd's HTTP face on the client port: the grpc-gateway JSON
+//!   API, calling the `api` services in process, and /version, /health,
+//!   /metrics, /livez and /readyz.
 //! - `api`: one module per etcd service (KV, Watch, Lease, Maintenance,
 //!   Cluster, Auth, Lock, Election): validation, limits, etcd's errors.
 //! - `auth`: users, roles, permissions and tokens, and the checks the
@@ -36,6 +40,7 @@ pub(crate) mod api;
 pub(crate) mod auth;
 pub mod backend;
 pub mod config;
+pub(crate) mod gateway;
 pub(crate) mod metrics;
 pub mod migrate;
 /// The generated etcd v3 and peer protocol types, from the `cetera-proto` crate.

@@ -62,14 +62,15 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> +
 impl<B: Backend> WatchService<B> {
     /// The service as a route of the gRPC server, taking requests of up to
     /// `max_message` bytes.
-    pub fn into_route(self, max_message: usize) -> WatchRoute<B> {
+    pub fn into_route(self: Arc<Self>, max_message: usize) -> WatchRoute<B> {
         WatchRoute {
-            service: Arc::new(self),
+            service: self,
             max_message,
         }
     }
 
-    async fn watch(
+    /// One Watch call: gRPC's route and the HTTP gateway both call this.
+    pub(crate) async fn watch(
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {

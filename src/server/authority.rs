@@ -19,7 +19,9 @@ use loona_hpack::{Decoder, Encoder};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-const PREFACE_LEN: usize = 24;
+/// The HTTP/2 client connection preface.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const PREFACE_LEN: usize = PREFACE.len();
 const FRAME_HEADER_LEN: usize = 9;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
@@ -80,6 +82,12 @@ impl<S> AuthorityRepair<S> {
                 false
             }
             State::Preface => {
+                // Not HTTP/2 (an HTTP/1.1 request for the gateway): nothing to repair.
+                let seen = self.raw.len().min(PREFACE_LEN);
+                if self.raw[..seen] != PREFACE[..seen] {
+                    self.state = State::Passthrough;
+                    return true;
+                }
                 if self.raw.len() < PREFACE_LEN {
                     return false;
                 }
@@ -401,5 +409,16 @@ mod tests {
                 .any(|(n, v)| n == b":path" && v == b"/etcdserverpb.Maintenance/Status")
         );
         assert!(output.ends_with(&[0, 0, 2, 0x0, 0x1, 0, 0, 0, 1, 0xab, 0xcd]));
+    }
+
+    #[tokio::test]
+    async fn http1_requests_pass_untouched() {
+        // Short and long ones: the first bytes already tell them from HTTP/2.
+        for request in [
+            &b"GET / HTTP/1.0\r\n\r\n"[..],
+            b"POST /v3/kv/range HTTP/1.1\r\nHost: 127.0.0.1:2379\r\nContent-Length: 2\r\n\r\n{}",
+        ] {
+            assert_eq!(pass_through(request.to_vec()).await, request);
+        }
     }
 }

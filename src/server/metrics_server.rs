@@ -176,6 +176,15 @@ fn etcd_health(problem: Option<String>) -> (StatusCode, String) {
     (status, body.to_string())
 }
 
+/// The Prometheus text of the registry, the store's gauges read first
+/// (left as they were if the datastore does not answer in time).
+pub async fn scrape(probe: &dyn StoreProbe) -> String {
+    if let Ok(Ok(sample)) = tokio::time::timeout(PROBE_TIMEOUT, probe.sample()).await {
+        record(&sample);
+    }
+    metrics().render()
+}
+
 /// Sets the gauges that mirror database state.
 fn record(sample: &StoreSample) {
     let metrics = metrics();

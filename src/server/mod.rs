@@ -2,6 +2,7 @@
 
 mod authority;
 mod grpc_metrics;
+mod listeners;
 mod metrics_server;
 mod tls;
 
@@ -9,9 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tonic::transport::Server;
 
-use self::authority::AuthorityRepair;
 use crate::api::ServerInfo;
 use crate::api::auth::AuthService;
 use crate::api::cluster::ClusterService;
@@ -26,6 +25,7 @@ use crate::backend::Backend;
 use crate::backend::datastore::Datastore;
 use crate::backend::open::{BackendJob, OpenFor, with_datastore};
 use crate::config::Config;
+use crate::gateway::{Gateway, RenderMetrics, Services};
 use crate::proto::etcdserverpb::auth_server::AuthServer;
 use crate::proto::etcdserverpb::cluster_server::ClusterServer;
 use crate::proto::etcdserverpb::kv_server::KvServer;
@@ -36,40 +36,6 @@ use crate::proto::v3lockpb::lock_server::LockServer;
 use crate::raft::{Cluster, ClusterOptions, JoinMode, Member, PeerTls};
 use crate::store::{Identity, Store, StoreOptions};
 use crate::watch::session::SessionOptions;
-
-/// Accepted client connections, ready for the HTTP/2 server.
-fn client_connections(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityRepair<tokio::net::TcpStream>>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
-        let socket = accepted?;
-        // gRPC answers are small writes; Nagle's algorithm would hold them back.
-        socket.set_nodelay(true)?;
-        Ok(AuthorityRepair::new(socket))
-    })
-}
-
-/// Reports a request over the gRPC size limit as grpc-go (and so etcd) does:
-/// ResourceExhausted "grpc: received message larger than max (N vs. M)"
-/// instead of tonic's OutOfRange and wording.
-fn etcd_message_size_error<B>(mut response: http::Response<B>) -> http::Response<B> {
-    let headers = response.headers_mut();
-    let Some(message) = headers.get("grpc-message").map(|m| {
-        percent_encoding::percent_decode(m.as_bytes())
-            .decode_utf8_lossy()
-            .into_owned()
-    }) else {
-        return response;
-    };
-    if let Some(text) = crate::api::errors::message_too_large(&message)
-        && let Ok(value) = http::HeaderValue::from_str(&text)
-    {
-        headers.insert("grpc-message", value);
-        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
-    }
-    response
-}
 
 /// gRPC accepts this much more than --max-request-bytes, as etcd does, so the
 /// size check can answer with etcd's own error.
@@ -237,9 +203,13 @@ async fn serve<B: Backend>(
     // Streams never end by themselves: shutdown ends them so that the
     // graceful drain can finish.
     let (stopping, stop_streams) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stopping.send(true);
+    let stopping = Arc::new(stopping);
+    let shutdown = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+        }
     };
     let watch_options = SessionOptions {
         progress_interval: config.watch_progress_notify_interval,
@@ -247,78 +217,116 @@ async fn serve<B: Backend>(
         refuse_negative_start: config.watch_refuses_negative_start(),
     };
 
-    let listener = tokio::net::TcpListener::bind(config.listen_address)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen_address))?;
-    tracing::info!(
-        address = %config.listen_address,
-        tls = serving.tls.is_some(),
-        revision = store.revisions().current,
-        member_id = format_args!("{:x}", info.identity.member_id),
-        "serving the etcd API"
-    );
-
-    let router = Server::builder()
-        .layer(grpc_metrics::GrpcMetricsLayer)
-        .layer(tower::util::MapResponseLayer::new(etcd_message_size_error))
-        .add_service(
-            KvServer::new(KvService::new(store.clone(), info.clone()))
-                .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            WatchService::new(
-                store.clone(),
-                info.clone(),
-                watch_options,
-                stop_streams.clone(),
-            )
-            .into_route(max_message),
-        )
-        .add_service(
-            LeaseServer::new(LeaseService::new(store.clone(), info.clone()))
-                .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            MaintenanceServer::new(MaintenanceService::new(store.clone(), info.clone()))
-                .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            ClusterServer::new(ClusterService::new(info.clone()))
-                .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            AuthServer::new(AuthService::new(store.clone(), info.clone()))
-                .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            LockServer::new(LockService::new(
-                store.clone(),
-                info.clone(),
-                stop_streams.clone(),
-            ))
-            .max_decoding_message_size(max_message),
-        )
-        .add_service(
-            ElectionServer::new(ElectionService::new(
-                store.clone(),
-                info.clone(),
-                stop_streams,
-            ))
-            .max_decoding_message_size(max_message),
+    let listeners = listeners::bind(&config, serving.tls.as_ref()).await?;
+    for listener in &listeners {
+        tracing::info!(
+            address = %listener,
+            revision = store.revisions().current,
+            member_id = format_args!("{:x}", info.identity.member_id),
+            "serving the etcd API (gRPC and HTTP)"
         );
-    match serving.tls {
-        Some(tls) => {
-            router
-                .serve_with_incoming_shutdown(tls::connections(listener, tls), shutdown)
-                .await
-        }
-        None => {
-            router
-                .serve_with_incoming_shutdown(client_connections(listener), shutdown)
-                .await
+    }
+
+    let kv = Arc::new(KvService::new(store.clone(), info.clone()));
+    let watch = Arc::new(WatchService::new(
+        store.clone(),
+        info.clone(),
+        watch_options,
+        stop_streams.clone(),
+    ));
+    let lease = Arc::new(LeaseService::new(store.clone(), info.clone()));
+    let maintenance = Arc::new(MaintenanceService::new(store.clone(), info.clone()));
+    let cluster_service = Arc::new(ClusterService::new(info.clone()));
+    let auth_service = Arc::new(AuthService::new(store.clone(), info.clone()));
+    let lock = Arc::new(LockService::new(
+        store.clone(),
+        info.clone(),
+        stop_streams.clone(),
+    ));
+    let election = Arc::new(ElectionService::new(
+        store.clone(),
+        info.clone(),
+        stop_streams.clone(),
+    ));
+    let mut routes = tonic::service::Routes::builder();
+    routes
+        .add_service(KvServer::from_arc(kv.clone()).max_decoding_message_size(max_message))
+        .add_service(watch.clone().into_route(max_message))
+        .add_service(LeaseServer::from_arc(lease.clone()).max_decoding_message_size(max_message))
+        .add_service(
+            MaintenanceServer::from_arc(maintenance.clone()).max_decoding_message_size(max_message),
+        )
+        .add_service(
+            ClusterServer::from_arc(cluster_service.clone()).max_decoding_message_size(max_message),
+        )
+        .add_service(
+            AuthServer::from_arc(auth_service.clone()).max_decoding_message_size(max_message),
+        )
+        .add_service(LockServer::from_arc(lock.clone()).max_decoding_message_size(max_message))
+        .add_service(
+            ElectionServer::from_arc(election.clone()).max_decoding_message_size(max_message),
+        );
+    let probe: Arc<dyn metrics_server::StoreProbe> = store.clone();
+    let render_metrics: RenderMetrics = Arc::new(move || {
+        let probe = probe.clone();
+        Box::pin(async move { metrics_server::scrape(&*probe).await })
+    });
+    let gateway = Gateway::new(
+        Services {
+            kv,
+            watch,
+            lease,
+            cluster: cluster_service,
+            maintenance,
+            auth: auth_service,
+            lock,
+            election,
+        },
+        store.clone(),
+        info.clone(),
+        render_metrics,
+        max_message,
+    );
+    // gRPC calls go by path to their service; everything else is HTTP.
+    let routes = tonic::service::Routes::from(
+        routes
+            .routes()
+            .into_axum_router()
+            .fallback_service(gateway.clone()),
+    );
+    let metrics_listeners =
+        listeners::serve_metrics(&config, serving.tls.as_ref(), gateway.metrics_only()).await?;
+
+    let mut servers = tokio::task::JoinSet::new();
+    for listener in listeners {
+        let stopped = stop_streams.clone();
+        servers.spawn(listener.serve(routes.clone(), async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
+    }
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut failure = None;
+    loop {
+        tokio::select! {
+            () = &mut shutdown, if !*stop_streams.borrow() => {}
+            joined = servers.join_next() => match joined {
+                None => break,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(error))) => {
+                    failure.get_or_insert(error);
+                    let _ = stopping.send(true);
+                }
+                Some(Err(error)) => {
+                    failure.get_or_insert(anyhow::anyhow!("a listener's task failed: {error}"));
+                    let _ = stopping.send(true);
+                }
+            },
         }
     }
-    .context("gRPC server failed")?;
+    for task in metrics_listeners {
+        task.abort();
+    }
     if let Some(readiness) = &serving.readiness {
         readiness.stopping();
     }
@@ -336,5 +344,8 @@ async fn serve<B: Backend>(
         Ok(store) => store.shutdown().await,
         Err(_) => tracing::warn!("store still in use at shutdown"),
     }
-    Ok(())
+    match failure {
+        Some(error) => Err(error.context("a client listener failed")),
+        None => Ok(()),
+    }
 }

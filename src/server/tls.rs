@@ -79,7 +79,9 @@ pub fn server_config(config: &Config) -> anyhow::Result<Option<Arc<ServerConfig>
                 key_file.display()
             )
         })?;
-    tls.alpn_protocols = vec![b"h2".to_vec()];
+    // gRPC speaks HTTP/2; the JSON gateway and the health checks are also
+    // asked over HTTP/1.1, which a client may be the only one to offer.
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Some(Arc::new(tls)))
 }
 

@@ -13,30 +13,35 @@
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 
 /// Users, roles and permissions.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod authpb {
     tonic::include_proto!("authpb");
+    include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
 }
 
 /// The KV, Watch, Lease, Cluster, Maintenance and Auth services.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 
 /// The Lock service.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v3lockpb {
     tonic::include_proto!("v3lockpb");
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.serde.rs"));
 }
 
 /// The Election service.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
 
 /// cetera's peer service between the members of a replicated cluster.
