@@ -186,7 +186,7 @@ impl<B: Backend> Endpoints<B> {
         };
         for row in alarms {
             let name = alarm_name(row.alarm);
-            if excluded.iter().any(|e| *e == name) {
+            if excluded.contains(&name) {
                 continue;
             }
             return Some(match AlarmType::try_from(row.alarm) {
