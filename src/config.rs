@@ -1,4 +1,8 @@
-//! Command-line flags; each can also be set with a CETERA_* environment variable.
+//! Command-line flags; each can also be set with a CETERA_* environment
+//! variable, and etcd's flags, `ETCD_*` variables and `--config-file` YAML
+//! are read as etcd reads them (`etcd` below).
+
+pub mod etcd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +57,43 @@ pub struct Config {
     /// Member name reported in MemberList.
     #[arg(long, env = "CETERA_NAME", default_value = "default")]
     pub name: String,
+
+    /// etcd's YAML configuration file (etcd's key names; the TLS flags in
+    /// `client-transport-security` and `peer-transport-security`). When
+    /// given, the command line's other flags and ETCD_* variables are
+    /// ignored, as etcd ignores them.
+    #[arg(long, env = "CETERA_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// etcd's data directory: without --endpoint, the SQLite database is
+    /// DIR/cetera/state.db.
+    #[arg(long, env = "CETERA_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// etcd's peer URLs to listen on (comma-separated): the first one's
+    /// address is --peer-listen-address (replicated mode only).
+    #[arg(long, value_delimiter = ',')]
+    pub listen_peer_urls: Vec<String>,
+
+    /// etcd's peer URLs to advertise (comma-separated): the first one is
+    /// --advertise-peer-url (replicated mode only).
+    #[arg(long, value_delimiter = ',')]
+    pub initial_advertise_peer_urls: Vec<String>,
+
+    /// etcd's log level: debug, info, warn, error, panic or fatal (the last
+    /// two log errors). Without it, RUST_LOG's filter, or info.
+    #[arg(long, value_parser = ["debug", "info", "warn", "error", "dpanic", "panic", "fatal"])]
+    pub log_level: Option<String>,
+
+    /// etcd's log outputs (comma-separated): stderr (etcd's `default`),
+    /// stdout, or file paths, appended to.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub log_outputs: Vec<String>,
+
+    /// etcd's logger: only `zap`, as etcd 3.5 (cetera's line format is
+    /// --log-format).
+    #[arg(long, default_value = "zap")]
+    pub logger: String,
 
     /// Largest write request accepted, in bytes (etcd's default: 1.5 MiB).
     #[arg(long, env = "CETERA_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
@@ -119,7 +160,9 @@ pub struct Config {
     #[arg(long, env = "CETERA_AUTO_COMPACTION_REVISION_INTERVAL", default_value = "5m", value_parser = parse_interval)]
     pub auto_compaction_revision_interval: std::time::Duration,
 
-    /// Auth token type: only etcd's `simple` tokens are supported.
+    /// Auth token type: `simple`, or `jwt,sign-method=RS256,priv-key=FILE,
+    /// pub-key=FILE,ttl=5m` (etcd's signed tokens, valid on every instance
+    /// given the same keys).
     #[arg(long, env = "CETERA_AUTH_TOKEN", default_value = "simple", value_parser = parse_auth_token)]
     pub auth_token: String,
 
@@ -319,7 +362,7 @@ pub const ETCD_FEATURE_GATES: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeatureGates(pub Vec<(String, bool)>);
 
-/// Go's strconv.ParseBool, which etcd reads gate values with.
+/// Go's strconv.ParseBool, which etcd reads bool flags and gate values with.
 fn parse_go_bool(text: &str) -> Option<bool> {
     match text {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
@@ -359,14 +402,13 @@ pub enum AutoCompactionMode {
 }
 
 /// etcd's --auth-token: `simple` (options after a comma are accepted and
-/// ignored, as etcd ignores them for simple tokens); JWT is not supported.
+/// ignored, as etcd ignores them for simple tokens) or
+/// `jwt,sign-method=...,priv-key=...,pub-key=...,ttl=...`; the JWT keys are
+/// read when the server starts.
 fn parse_auth_token(text: &str) -> Result<String, String> {
-    match text.split(',').next().unwrap_or_default() {
-        "simple" => Ok(text.to_string()),
-        "jwt" => Err("JWT auth tokens are not supported; use simple".to_string()),
-        other => Err(format!(
-            "unknown auth token type {other:?}; expected simple"
-        )),
+    match crate::auth::decompose_token_options(text) {
+        Ok((kind, _)) if kind == "simple" || kind == "jwt" => Ok(text.to_string()),
+        Ok(_) | Err(_) => Err(crate::auth::TokenOptionsError::InvalidOptions.to_string()),
     }
 }
 
@@ -379,7 +421,72 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where `--data-dir` puts the SQLite database, inside the directory.
+pub const DATA_DIR_DATABASE: &str = "cetera/state.db";
+
 impl Config {
+    /// The configuration of this process: its command line, ETCD_* and
+    /// CETERA_* variables, or the `--config-file` YAML, as etcd reads them;
+    /// with what to log once logging is set up.
+    pub fn load() -> Result<(Config, Vec<etcd::Note>), etcd::LoadError> {
+        let names: Vec<String> = std::env::vars_os()
+            .filter_map(|(name, _)| name.into_string().ok())
+            .collect();
+        etcd::load(
+            std::env::args_os(),
+            &|name| std::env::var(name).ok(),
+            &names,
+        )
+    }
+
+    /// Applies etcd's flags that set cetera's own settings: --data-dir,
+    /// --listen-peer-urls, --initial-advertise-peer-urls, --logger.
+    fn resolve_etcd_flags(
+        &mut self,
+        matches: &clap::ArgMatches,
+        notes: &mut Vec<etcd::Note>,
+    ) -> Result<(), etcd::LoadError> {
+        let given = |id: &str| {
+            !matches!(
+                matches.value_source(id),
+                None | Some(clap::parser::ValueSource::DefaultValue)
+            )
+        };
+        let fail = |message: String| etcd::LoadError::Etcd { message, code: 1 };
+        if let Some(dir) = &self.data_dir {
+            if given("endpoint") {
+                notes.push(etcd::Note::Warn(format!(
+                    "--data-dir {} not used: the data is where --endpoint says",
+                    dir.display()
+                )));
+            } else {
+                self.endpoint = dir.join(DATA_DIR_DATABASE).display().to_string();
+            }
+        }
+        if let Some(url) = self.listen_peer_urls.first()
+            && !given("peer_listen_address")
+        {
+            self.peer_listen_address = url_address(url)
+                .ok_or_else(|| fail(format!("invalid --listen-peer-urls {url:?}")))?;
+            if self.listen_peer_urls.len() > 1 {
+                notes.push(etcd::Note::Warn(format!(
+                    "--listen-peer-urls: only the first URL, {url}, is listened on"
+                )));
+            }
+        }
+        if let Some(url) = self.initial_advertise_peer_urls.first()
+            && self.advertise_peer_url.is_none()
+        {
+            self.advertise_peer_url = Some(url.clone());
+        }
+        match self.logger.as_str() {
+            "zap" => {}
+            "capnslog" => return Err(fail("--logger=capnslog is removed in v3.5".to_string())),
+            other => return Err(fail(format!("unknown logger option {other:?}"))),
+        }
+        Ok(())
+    }
+
     /// The automatic compaction the flags ask for, if any.
     pub fn auto_compaction(&self) -> anyhow::Result<Option<crate::store::AutoCompaction>> {
         let mode = match self.auto_compaction_mode {
@@ -482,6 +589,17 @@ impl Config {
     pub fn replicated(&self) -> bool {
         self.cluster_init || self.join.is_some()
     }
+}
+
+/// The socket address of a URL such as `http://10.0.0.1:2380` (a name is
+/// looked up).
+fn url_address(url: &str) -> Option<SocketAddr> {
+    let uri: http::Uri = url.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let port = uri.port_u16()?;
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .ok()?
+        .next()
 }
 
 #[cfg(test)]

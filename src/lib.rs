@@ -40,9 +40,11 @@
 //!   emulated version), `version.rs` (major.minor of a version),
 //!   `go_decode.rs` (a Go server's error for an undecodable WatchRequest).
 //! - [`config`] (`src/config.rs`): the command line (etcd's and k3s's flag
-//!   names); hands plain values down.
+//!   names); hands plain values down. `config/etcd.rs`: etcd's flags without
+//!   effect, `ETCD_*` variables and `--config-file` YAML, read as etcd reads
+//!   them.
 //! - `auth` (`src/auth/`): users, roles, permissions (`perms.rs`), simple
-//!   tokens (`tokens.rs`), the management calls (`manage.rs`) and the checks
+//!   tokens (`tokens.rs`), JWT tokens (`jwt.rs`), the management calls (`manage.rs`) and the checks
 //!   the services make (`mod.rs`), with etcd's auth errors (`error.rs`).
 //! - `watch` (`src/watch/`): one Watch stream's session, with etcd's watcher
 //!   rules (`session.rs`).

@@ -1,9 +1,10 @@
 //! The `cetera` binary: parses flags, sets up logging, serves until SIGINT or
 //! SIGTERM, or runs a one-off command such as `cetera restore` or `cetera migrate`.
 
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 
+use cetera::config::etcd::{LoadError, Note};
 use cetera::config::{Command, Config, LogFormat};
 
 // Every request allocates its protobuf messages and HTTP/2 frames; mimalloc
@@ -13,8 +14,25 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let config = Config::parse().with_command_endpoint();
-    init_logging(config.log_format);
+    let (config, notes) = match Config::load() {
+        Ok(loaded) => loaded,
+        Err(LoadError::Clap(error)) => error.exit(),
+        Err(LoadError::Etcd { message, code }) => {
+            eprintln!("{message}");
+            return std::process::ExitCode::from(code);
+        }
+    };
+    let config = config.with_command_endpoint();
+    if let Err(error) = init_logging(&config) {
+        eprintln!("{error:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    for note in notes {
+        match note {
+            Note::Info(text) => tracing::info!("{text}"),
+            Note::Warn(text) => tracing::warn!("{text}"),
+        }
+    }
     let outcome = match &config.command {
         None => cetera::server::run(config, shutdown_signal()).await,
         Some(Command::Restore { file, force, .. }) => {
@@ -60,18 +78,50 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logging as the flags ask: etcd's --log-level (else RUST_LOG, else info),
+/// --log-outputs (stderr, stdout, files) and cetera's --log-format.
+fn init_logging(config: &Config) -> anyhow::Result<()> {
+    let filter = match config.log_level.as_deref() {
+        Some("dpanic" | "panic" | "fatal") => EnvFilter::new("error"),
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let mut outputs: Option<BoxMakeWriter> = None;
+    let mut only_stderr = true;
+    for output in &config.log_outputs {
+        let writer = match output.as_str() {
+            "default" | "stderr" => BoxMakeWriter::new(std::io::stderr),
+            "stdout" => {
+                only_stderr = false;
+                BoxMakeWriter::new(std::io::stdout)
+            }
+            path => {
+                only_stderr = false;
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| anyhow::anyhow!("cannot open log output {path}: {e}"))?;
+                BoxMakeWriter::new(std::sync::Arc::new(file))
+            }
+        };
+        outputs = Some(match outputs {
+            None => writer,
+            Some(earlier) => BoxMakeWriter::new(earlier.and(writer)),
+        });
+    }
+    let writer = outputs.unwrap_or_else(|| BoxMakeWriter::new(std::io::stderr));
     // Colours only for a person at a terminal, not in files or journals.
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let colour = only_stderr && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
-    match format {
+        .with_writer(writer);
+    match config.log_format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }
 
 /// Resolves on the first SIGINT or SIGTERM.

@@ -41,7 +41,10 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
         self.auth()
-            .enable(&self.store, &self.info.caller(request.metadata())?)
+            .enable(
+                &self.store,
+                &self.info.caller(request.metadata(), request.extensions())?,
+            )
             .await?;
         Ok(Response::new(AuthEnableResponse {
             header: self.header(),
@@ -53,7 +56,10 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
         self.auth()
-            .disable(&self.store, &self.info.caller(request.metadata())?)
+            .disable(
+                &self.store,
+                &self.info.caller(request.metadata(), request.extensions())?,
+            )
             .await?;
         Ok(Response::new(AuthDisableResponse {
             header: self.header(),
@@ -66,7 +72,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthStatusResponse>, Status> {
         let (enabled, auth_revision) = self
             .auth()
-            .auth_status(&self.info.caller(request.metadata())?)?;
+            .auth_status(&self.info.caller(request.metadata(), request.extensions())?)?;
         Ok(Response::new(AuthStatusResponse {
             header: self.header(),
             enabled,
@@ -90,11 +96,11 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthUserAddRequest>,
     ) -> Result<Response<AuthUserAddResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         self.auth()
             .user_add(
                 &self.store,
-                &self.info.caller(&metadata)?,
+                &self.info.caller(&metadata, &extensions)?,
                 req.name,
                 req.password,
                 req.options,
@@ -110,7 +116,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthUserGetRequest>,
     ) -> Result<Response<AuthUserGetResponse>, Status> {
         let roles = self.auth().user_get(
-            &self.info.caller(request.metadata())?,
+            &self.info.caller(request.metadata(), request.extensions())?,
             &request.get_ref().name,
         )?;
         Ok(Response::new(AuthUserGetResponse {
@@ -125,7 +131,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthUserListResponse>, Status> {
         let users = self
             .auth()
-            .user_list(&self.info.caller(request.metadata())?)?;
+            .user_list(&self.info.caller(request.metadata(), request.extensions())?)?;
         Ok(Response::new(AuthUserListResponse {
             header: self.header(),
             users,
@@ -139,7 +145,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .user_delete(
                 &self.store,
-                &self.info.caller(request.metadata())?,
+                &self.info.caller(request.metadata(), request.extensions())?,
                 &request.get_ref().name,
             )
             .await?;
@@ -152,11 +158,11 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthUserChangePasswordRequest>,
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         self.auth()
             .user_change_password(
                 &self.store,
-                &self.info.caller(&metadata)?,
+                &self.info.caller(&metadata, &extensions)?,
                 &req.name,
                 req.password,
             )
@@ -174,7 +180,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .user_grant_role(
                 &self.store,
-                &self.info.caller(request.metadata())?,
+                &self.info.caller(request.metadata(), request.extensions())?,
                 &req.user,
                 &req.role,
             )
@@ -192,7 +198,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .user_revoke_role(
                 &self.store,
-                &self.info.caller(request.metadata())?,
+                &self.info.caller(request.metadata(), request.extensions())?,
                 &req.name,
                 &req.role,
             )
@@ -209,7 +215,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .role_add(
                 &self.store,
-                &self.info.caller(request.metadata())?,
+                &self.info.caller(request.metadata(), request.extensions())?,
                 &request.get_ref().name,
             )
             .await?;
@@ -223,7 +229,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         request: Request<AuthRoleGetRequest>,
     ) -> Result<Response<AuthRoleGetResponse>, Status> {
         let perm = self.auth().role_get(
-            &self.info.caller(request.metadata())?,
+            &self.info.caller(request.metadata(), request.extensions())?,
             &request.get_ref().role,
         )?;
         Ok(Response::new(AuthRoleGetResponse {
@@ -238,7 +244,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
     ) -> Result<Response<AuthRoleListResponse>, Status> {
         let roles = self
             .auth()
-            .role_list(&self.info.caller(request.metadata())?)?;
+            .role_list(&self.info.caller(request.metadata(), request.extensions())?)?;
         Ok(Response::new(AuthRoleListResponse {
             header: self.header(),
             roles,
@@ -252,7 +258,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .role_delete(
                 &self.store,
-                &self.info.caller(request.metadata())?,
+                &self.info.caller(request.metadata(), request.extensions())?,
                 &request.get_ref().role,
             )
             .await?;
@@ -265,11 +271,11 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         &self,
         request: Request<AuthRoleGrantPermissionRequest>,
     ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         self.auth()
             .role_grant_permission(
                 &self.store,
-                &self.info.caller(&metadata)?,
+                &self.info.caller(&metadata, &extensions)?,
                 &req.name,
                 req.perm,
             )
@@ -287,7 +293,7 @@ impl<B: Backend> AuthRpc for AuthService<B> {
         self.auth()
             .role_revoke_permission(
                 &self.store,
-                &self.info.caller(request.metadata())?,
+                &self.info.caller(request.metadata(), request.extensions())?,
                 &req.role,
                 &req.key,
                 &req.range_end,

@@ -123,7 +123,8 @@ impl Cluster for ClusterService {
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
         // Membership changes are for admins (etcd's checkMembershipOperationPermission).
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let request = request.into_inner();
         let peer_url = peer_url(&request.peer_ur_ls)?;
         // etcd derives ids from the URLs and the time; any unused id will do.
@@ -148,7 +149,8 @@ impl Cluster for ClusterService {
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
         // Membership changes are for admins (etcd's checkMembershipOperationPermission).
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let members = self
             .change(MembershipChange::Remove(request.get_ref().id))
             .await?;
@@ -163,7 +165,8 @@ impl Cluster for ClusterService {
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
         // Membership changes are for admins (etcd's checkMembershipOperationPermission).
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let request = request.into_inner();
         let peer_url = peer_url(&request.peer_ur_ls)?;
         let members = self
@@ -194,7 +197,8 @@ impl Cluster for ClusterService {
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
         // Membership changes are for admins (etcd's checkMembershipOperationPermission).
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let members = self
             .change(MembershipChange::Promote(request.get_ref().id))
             .await?;

@@ -324,6 +324,7 @@ impl<B: Backend> Election for ElectionService<B> {
         authorize_queue(
             &self.info,
             request.metadata(),
+            request.extensions(),
             &request.get_ref().name,
             false,
         )?;

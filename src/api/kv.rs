@@ -63,11 +63,11 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         check_range(&req, self.info.emulates_36())?;
         self.info
             .auth
-            .authorize_range(&self.info.caller(&metadata)?, &req)?;
+            .authorize_range(&self.info.caller(&metadata, &extensions)?, &req)?;
         let mut resp = self.store.range(&req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -80,11 +80,11 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         check_range_stream(&req)?;
         self.info
             .auth
-            .authorize_range(&self.info.caller(&metadata)?, &req)?;
+            .authorize_range(&self.info.caller(&metadata, &extensions)?, &req)?;
         let (chunks, stream) = mpsc::channel(1);
         let store = self.store.clone();
         let info = self.info.clone();
@@ -104,12 +104,16 @@ impl<B: Backend> Kv for KvService<B> {
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         check_put(&req)?;
         self.check_size(&req)?;
         self.info
             .auth
-            .authorize_put(&self.info.caller(&metadata)?, &req, &self.store)
+            .authorize_put(
+                &self.info.caller(&metadata, &extensions)?,
+                &req,
+                &self.store,
+            )
             .await?;
         let mut resp = self.store.put(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -120,26 +124,30 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         check_delete(&req)?;
         self.check_size(&req)?;
         self.info
             .auth
-            .authorize_delete(&self.info.caller(&metadata)?, &req)?;
+            .authorize_delete(&self.info.caller(&metadata, &extensions)?, &req)?;
         let mut resp = self.store.delete_range(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         check_txn_as(&req, self.info.max_txn_ops, self.info.emulates_36())?;
         check_duplicates(&req.success)?;
         check_duplicates(&req.failure)?;
         self.check_size(&req)?;
         self.info
             .auth
-            .authorize_txn(&self.info.caller(&metadata)?, &req, &self.store)
+            .authorize_txn(
+                &self.info.caller(&metadata, &extensions)?,
+                &req,
+                &self.store,
+            )
             .await?;
         let mut resp = self.store.txn(req).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -150,7 +158,8 @@ impl<B: Backend> Kv for KvService<B> {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let req = request.into_inner();
         self.check_size(&req)?;
         let mut resp = self.store.compact(&req).await?;

@@ -43,7 +43,8 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        self.info.require_user(request.metadata())?;
+        self.info
+            .require_user(request.metadata(), request.extensions())?;
         let mut resp = self.store.lease_grant(request.into_inner()).await?;
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
@@ -53,10 +54,14 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         self.info
             .auth
-            .authorize_lease_revoke(&self.info.caller(&metadata)?, req.id, &self.store)
+            .authorize_lease_revoke(
+                &self.info.caller(&metadata, &extensions)?,
+                req.id,
+                &self.store,
+            )
             .await?;
         let mut resp = self.store.lease_revoke(req.id).await?;
         self.info.fill(&mut resp.header, self.current_revision());
@@ -71,17 +76,18 @@ impl<B: Backend> Lease for LeaseService<B> {
     ) -> Result<Response<KeepAliveStream>, Status> {
         let store = self.store.clone();
         let info = self.info.clone();
-        let (metadata, _, requests) = request.into_parts();
-        let metadata = Arc::new(metadata);
+        let (metadata, extensions, requests) = request.into_parts();
+        let credentials = Arc::new((metadata, extensions));
         // Answered one at a time, in order; the stream ends with the client's side.
         let responses = requests.map_while(Result::ok).then(move |req| {
             let store = store.clone();
             let info = info.clone();
-            let metadata = metadata.clone();
+            let credentials = credentials.clone();
             async move {
+                let (metadata, extensions) = &*credentials;
                 // A keep-alive needs what a revoke needs (etcd's checkLeaseRenew).
                 info.auth
-                    .authorize_lease_revoke(&info.caller(&metadata)?, req.id, &store)
+                    .authorize_lease_revoke(&info.caller(metadata, extensions)?, req.id, &store)
                     .await?;
                 let mut resp = store.lease_keep_alive(req.id).await?;
                 info.fill(&mut resp.header, store.revisions().current);
@@ -95,11 +101,11 @@ impl<B: Backend> Lease for LeaseService<B> {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let (metadata, _, req) = request.into_parts();
+        let (metadata, extensions, req) = request.into_parts();
         self.info
             .auth
             .authorize_lease_time_to_live(
-                &self.info.caller(&metadata)?,
+                &self.info.caller(&metadata, &extensions)?,
                 req.id,
                 req.keys,
                 &self.store,
@@ -116,7 +122,10 @@ impl<B: Backend> Lease for LeaseService<B> {
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
         self.info
             .auth
-            .authorize_lease_leases(&self.info.caller(request.metadata())?, &self.store)
+            .authorize_lease_leases(
+                &self.info.caller(request.metadata(), request.extensions())?,
+                &self.store,
+            )
             .await?;
         let mut resp = self.store.leases().await?;
         self.info.fill(&mut resp.header, self.current_revision());

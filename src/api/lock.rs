@@ -147,7 +147,7 @@ impl<B: Backend> Lock for LockService<B> {
     ) -> Result<Response<UnlockResponse>, Status> {
         let caller = self
             .info
-            .caller(request.metadata())
+            .caller(request.metadata(), request.extensions())
             .map_err(through_internal_client)?;
         self.info
             .auth

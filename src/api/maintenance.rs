@@ -115,9 +115,11 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
         if request.get_ref().action == AlarmAction::Get as i32 {
-            self.info.require_user(request.metadata())?;
+            self.info
+                .require_user(request.metadata(), request.extensions())?;
         } else {
-            self.info.require_admin(request.metadata())?;
+            self.info
+                .require_admin(request.metadata(), request.extensions())?;
         }
         let request = request.into_inner();
         let alarms = match AlarmAction::try_from(request.action) {
@@ -145,7 +147,8 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.info.require_user(request.metadata())?;
+        self.info
+            .require_user(request.metadata(), request.extensions())?;
         let size = self.store.size().await?;
         let revision = self.store.revisions().current;
         // etcd lists each raised alarm in the protobuf text form of its AlarmMember.
@@ -213,13 +216,15 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         self.store.defragment().await?;
         Ok(Response::new(DefragmentResponse { header: None }))
     }
 
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let (hash, revision) = self.store.hash().await?;
         Ok(Response::new(HashResponse {
             header: self.info.header(revision),
@@ -231,7 +236,8 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let hashed = self.store.hash_kv(request.into_inner().revision).await?;
         Ok(Response::new(HashKvResponse {
             header: self.info.header(hashed.current),
@@ -255,7 +261,8 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let dir = tempfile::Builder::new()
             .prefix("cetera-snapshot-")
             .tempdir()
@@ -298,7 +305,8 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         let target = request.get_ref().target_id;
         let moved = match &self.info.cluster {
             // A single server leads already, and nobody else can.
@@ -325,7 +333,8 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         &self,
         request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
-        self.info.require_admin(request.metadata())?;
+        self.info
+            .require_admin(request.metadata(), request.extensions())?;
         if self.info.cluster.is_some() {
             // The state would have to be replicated, as etcd's cluster state is.
             return Err(Status::unimplemented(

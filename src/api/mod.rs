@@ -19,6 +19,7 @@ pub mod watch;
 
 use std::sync::Arc;
 
+use tonic::Extensions;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
@@ -78,29 +79,47 @@ impl ServerInfo {
             .map_or(RAFT_TERM, |cluster| cluster.status().term)
     }
 
-    /// The caller a request's metadata names: etcd's clients send their
-    /// token as `token`; `authorization` (with or without `Bearer `) is
-    /// taken too, as etcd's gRPC gateway passes it on.
-    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+    /// The caller of a request, as etcd's AuthInfoFromCtx finds it: the
+    /// user its token names (etcd's clients send it as `token`;
+    /// `authorization`, with or without `Bearer `, is taken too, as etcd's
+    /// gRPC gateway passes it on); without a token and with
+    /// `--client-cert-auth`, the CommonName of the client certificate the
+    /// connection was verified with (etcd's AuthInfoFromTLS), unless the
+    /// request came through the gRPC gateway.
+    pub fn caller(
+        &self,
+        metadata: &MetadataMap,
+        extensions: &Extensions,
+    ) -> Result<Caller, Status> {
         let token = metadata
             .get("token")
             .or_else(|| metadata.get("authorization"))
             .and_then(|v| v.to_str().ok())
             .map(|token| token.strip_prefix("Bearer ").unwrap_or(token));
-        Ok(self.auth.caller(token)?)
+        Ok(self
+            .auth
+            .caller(token, || certificate_user(metadata, extensions))?)
     }
 
     /// The caller, who must carry a valid token whenever auth is enabled.
-    pub fn require_user(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let caller = self.caller(metadata)?;
+    pub fn require_user(
+        &self,
+        metadata: &MetadataMap,
+        extensions: &Extensions,
+    ) -> Result<Caller, Status> {
+        let caller = self.caller(metadata, extensions)?;
         self.auth.require_user(&caller)?;
         Ok(caller)
     }
 
     /// The caller, who must be an admin whenever auth is enabled (etcd's
     /// needAdminPermission).
-    pub fn require_admin(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
-        let caller = self.caller(metadata)?;
+    pub fn require_admin(
+        &self,
+        metadata: &MetadataMap,
+        extensions: &Extensions,
+    ) -> Result<Caller, Status> {
+        let caller = self.caller(metadata, extensions)?;
         self.auth.require_admin(&caller)?;
         Ok(caller)
     }
@@ -111,6 +130,32 @@ impl ServerInfo {
         self.fill(&mut header, revision);
         header
     }
+}
+
+/// The CommonName of the client certificate a TLS connection was verified
+/// with, as etcd's AuthInfoFromTLS reads it (an empty one included); `None`
+/// on a plain connection, and for a request from the gRPC gateway, which
+/// etcd marks with `grpcgateway-accept` and never logs in by certificate.
+fn certificate_user(metadata: &MetadataMap, extensions: &Extensions) -> Option<String> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let certificates = extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()?
+        .peer_certs()?;
+    let leaf = certificates.first()?;
+    if metadata.contains_key("grpcgateway-accept") {
+        tracing::warn!("ignoring common name in gRPC-gateway proxy request");
+        return None;
+    }
+    let (_, certificate) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    let common_name = certificate
+        .subject()
+        .iter_common_name()
+        // Go's pkix.Name keeps the last CN of the subject.
+        .last()
+        .map_or(Some(String::new()), |name| {
+            name.as_str().ok().map(str::to_string)
+        })?;
+    Some(common_name)
 }
 
 /// etcd's error strings, as clients match them.
@@ -205,7 +250,7 @@ fn auth_error_code(error: &AuthError) -> Code {
         InvalidAuthToken => Code::Unauthenticated,
         // etcd has no gRPC mapping for these: Unknown, with the text. (A
         // store error is answered as the store's own, above.)
-        NoPasswordUser | Password(_) | Store(_) => Code::Unknown,
+        NoPasswordUser | OldRevision | VerifyOnly | Password(_) | Store(_) => Code::Unknown,
     }
 }
 

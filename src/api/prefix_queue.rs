@@ -122,7 +122,7 @@ where
     F: Future<Output = Result<R, Status>>,
 {
     if let Some(name) = queue(request.get_ref()) {
-        authorize_queue(info, request.metadata(), name, write)?;
+        authorize_queue(info, request.metadata(), request.extensions(), name, write)?;
     }
     call(request.into_inner())
         .await
@@ -135,6 +135,7 @@ where
 pub fn authorize_queue(
     info: &ServerInfo,
     metadata: &MetadataMap,
+    extensions: &tonic::Extensions,
     name: &[u8],
     write: bool,
 ) -> Result<(), Status> {
@@ -144,7 +145,9 @@ pub fn authorize_queue(
     } else {
         &[Access::Read]
     };
-    let caller = info.caller(metadata).map_err(through_internal_client)?;
+    let caller = info
+        .caller(metadata, extensions)
+        .map_err(through_internal_client)?;
     info.auth
         .authorize_keys(&caller, &prefix, &prefix_end(&prefix), accesses)
         .map_err(through_internal_client)

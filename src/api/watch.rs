@@ -74,13 +74,14 @@ impl<B: Backend> WatchService<B> {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
-        let (metadata, _, requests) = request.into_parts();
+        let (metadata, extensions, requests) = request.into_parts();
         let deadline = grpc_timeout(&metadata).map(|timeout| Instant::now() + timeout);
         let (out, responses) = mpsc::channel(OUTBOUND_RESPONSES);
         let info = self.info.clone();
-        let session = WatchSession::new(self.store.clone(), out, self.options).with_create_check(
-            Box::new(move |key, range_end| watch_refusal(&info, &metadata, key, range_end)),
-        );
+        let session =
+            WatchSession::new(self.store.clone(), out, self.options).with_create_check(Box::new(
+                move |key, range_end| watch_refusal(&info, &metadata, &extensions, key, range_end),
+            ));
         let stream_counted = GaugeGuard::new(&metrics().watch_streams);
         // A request that fails to arrive ends the call, with etcd's error.
         let requests = requests.map(|request| request.map_err(super::errors::etcd_transport_error));
@@ -112,11 +113,12 @@ impl<B: Backend> WatchService<B> {
 fn watch_refusal(
     info: &ServerInfo,
     metadata: &MetadataMap,
+    extensions: &tonic::Extensions,
     key: &[u8],
     range_end: &[u8],
 ) -> Option<String> {
     let refusal = info
-        .caller(metadata)
+        .caller(metadata, extensions)
         .and_then(|caller| Ok(info.auth.authorize_watch(&caller, key, range_end)?));
     refusal.err().map(|status| grpc_error_text(&status))
 }

@@ -59,7 +59,13 @@ pub enum AuthError {
     /// Unknown with the auth package's own text.
     #[error("auth: authentication failed, password was given for no password user")]
     NoPasswordUser,
-    /// Hashing or checking a password failed.
+    /// A JWT token issued before the last auth change (etcd: Unknown).
+    #[error("auth: revision in header is old")]
+    OldRevision,
+    /// Authenticate with only a JWT public key (etcd: Unknown).
+    #[error("auth: token signing attempted with verify-only key")]
+    VerifyOnly,
+    /// Hashing or checking a password, or signing a token, failed.
     #[error("{0}")]
     Password(String),
     /// The store failed while a check read a lease's keys, or a change

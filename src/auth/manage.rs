@@ -175,7 +175,7 @@ impl Auth {
     }
 
     /// Authenticate: checks the password (bcrypt, off the async threads)
-    /// and issues a simple token.
+    /// and issues a token.
     pub async fn authenticate(&self, name: &str, password: &str) -> Result<String, AuthError> {
         let state = self.state();
         if !state.enabled {
@@ -200,7 +200,7 @@ impl Auth {
         if !now.enabled || now.users.get(name).map(|u| &u.password) != Some(&user.password) {
             return Err(AuthError::AuthFailed);
         }
-        Ok(self.tokens.assign(name))
+        self.assign_token(name)
     }
 
     /// UserAdd.

@@ -13,8 +13,13 @@
 //! Simple tokens are kept per instance, as each etcd member keeps its own
 //! token table: a token from one cetera instance is not valid on another
 //! (clients re-authenticate on `invalid auth token`, as clientv3 does).
+//! JWT tokens (`--auth-token jwt,...`) are signed and carry their user and
+//! auth revision: every instance given the same keys accepts them. With
+//! `--client-cert-auth`, a request without a token is the user its client
+//! certificate's CommonName names, as in etcd.
 
 mod error;
+mod jwt;
 mod manage;
 
 pub mod perms;
@@ -25,6 +30,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use self::error::AuthError;
+use self::jwt::JwtTokens;
+pub use self::jwt::TokenOptionsError;
+pub use self::jwt::decompose as decompose_token_options;
 use self::perms::{Access, MergedPermissions};
 use self::tokens::TokenStore;
 use crate::backend::Backend;
@@ -53,6 +61,47 @@ pub struct AuthOptions {
     pub token_ttl: Duration,
     /// bcrypt cost for new password hashes.
     pub bcrypt_cost: u32,
+    /// etcd's `--auth-token`: `simple` (options after it ignored) or
+    /// `jwt,sign-method=...,priv-key=...,pub-key=...,ttl=...`.
+    pub token: String,
+    /// etcd's `--client-cert-auth`: a request without a token is the user
+    /// its client certificate names.
+    pub client_cert_auth: bool,
+}
+
+/// How this instance issues and reads tokens (etcd's TokenProvider).
+enum TokenProvider {
+    /// Random strings kept in this instance's memory.
+    Simple(TokenStore),
+    /// Signed, self-contained tokens.
+    Jwt(JwtTokens),
+}
+
+impl TokenProvider {
+    /// etcd's NewTokenProvider.
+    fn new(text: &str, simple_ttl: Duration) -> Result<Self, TokenOptionsError> {
+        let (kind, options) = jwt::decompose(text)?;
+        match kind.as_str() {
+            "simple" => {
+                tracing::warn!("simple token is not cryptographically signed");
+                Ok(TokenProvider::Simple(TokenStore::new(simple_ttl)))
+            }
+            "jwt" => Ok(TokenProvider::Jwt(JwtTokens::new(&options)?)),
+            _ => Err(TokenOptionsError::InvalidOptions),
+        }
+    }
+
+    fn invalidate_user(&self, user: &str) {
+        if let TokenProvider::Simple(tokens) = self {
+            tokens.invalidate_user(user);
+        }
+    }
+
+    fn clear(&self) {
+        if let TokenProvider::Simple(tokens) = self {
+            tokens.clear();
+        }
+    }
 }
 
 /// Everything the permission checks need, as of one auth revision.
@@ -102,7 +151,7 @@ impl AuthState {
     /// etcd's isOpPermitted.
     fn op_permitted(
         &self,
-        user: Option<&str>,
+        caller: &Caller,
         access: Access,
         key: &[u8],
         range_end: &[u8],
@@ -110,9 +159,24 @@ impl AuthState {
         if !self.enabled {
             return Ok(());
         }
-        let Some(user) = user else {
+        let Some(user) = caller.user() else {
             return Err(AuthError::UserEmpty);
         };
+        // A JWT token's revision: issued before the last auth change, it
+        // no longer opens keys (simple tokens and certificates are always
+        // of the current revision).
+        match caller.revision {
+            Some(0) => return Err(AuthError::UserEmpty),
+            Some(revision) if revision < self.revision => {
+                tracing::warn!(
+                    current = self.revision,
+                    request = revision,
+                    "request auth revision is less than current node auth revision"
+                );
+                return Err(AuthError::OldRevision);
+            }
+            _ => {}
+        }
         if !self.users.contains_key(user) {
             return Err(AuthError::PermissionDenied);
         }
@@ -143,10 +207,13 @@ impl AuthState {
     }
 }
 
-/// The caller of one request: the user its token names, or nobody.
+/// The caller of one request: the user its token or client certificate
+/// names, or nobody.
 #[derive(Clone, Debug, Default)]
 pub struct Caller {
     user: Option<String>,
+    /// The auth revision a JWT token was issued at; `None`: the current one.
+    revision: Option<u64>,
 }
 
 impl Caller {
@@ -160,7 +227,7 @@ impl Caller {
 /// the token table, and the checks.
 pub struct Auth {
     state: RwLock<Arc<AuthState>>,
-    tokens: TokenStore,
+    tokens: TokenProvider,
     options: AuthOptions,
     /// Serializes this instance's changes and reloads, so the copy in
     /// memory never goes back to an older revision.
@@ -183,7 +250,8 @@ impl Auth {
         let state = manage::load_state(store).await?;
         Ok(Auth {
             state: RwLock::new(Arc::new(state)),
-            tokens: TokenStore::new(options.token_ttl),
+            tokens: TokenProvider::new(&options.token, options.token_ttl)
+                .map_err(|e| anyhow::anyhow!("failed to create token provider: {e}"))?,
             options,
             changing: tokio::sync::Mutex::new(()),
         })
@@ -269,19 +337,53 @@ impl Auth {
         })
     }
 
-    /// The caller a request's token names (`None`: the request carried
-    /// none). With auth disabled every request is anonymous and tokens are
-    /// ignored, as in etcd 3.5.
-    pub fn caller(&self, token: Option<&str>) -> Result<Caller, AuthError> {
+    /// The caller a request's token names, or without one (`None`) and
+    /// with `--client-cert-auth` the user its client certificate names
+    /// (`certificate_user`, asked only then). With auth disabled every
+    /// request is anonymous and tokens are ignored, as in etcd 3.5.
+    pub fn caller(
+        &self,
+        token: Option<&str>,
+        certificate_user: impl FnOnce() -> Option<String>,
+    ) -> Result<Caller, AuthError> {
         if !self.state().enabled {
             return Ok(Caller::default());
         }
         let Some(token) = token else {
+            if self.options.client_cert_auth {
+                return Ok(Caller {
+                    user: certificate_user(),
+                    revision: None,
+                });
+            }
             return Ok(Caller::default());
         };
-        match self.tokens.user(token) {
-            Some(user) => Ok(Caller { user: Some(user) }),
-            None => Err(AuthError::InvalidAuthToken),
+        let found = match &self.tokens {
+            TokenProvider::Simple(tokens) => tokens.user(token).map(|user| (user, None)),
+            TokenProvider::Jwt(tokens) => tokens
+                .info(token)
+                .map(|info| (info.username, Some(info.revision))),
+        };
+        match found {
+            Some((user, revision)) => Ok(Caller {
+                user: Some(user),
+                revision,
+            }),
+            None => {
+                tracing::warn!("invalid auth token");
+                Err(AuthError::InvalidAuthToken)
+            }
+        }
+    }
+
+    /// A new token for `user`, as of the current auth revision.
+    fn assign_token(&self, user: &str) -> Result<String, AuthError> {
+        match &self.tokens {
+            TokenProvider::Simple(tokens) => Ok(tokens.assign(user)),
+            TokenProvider::Jwt(tokens) => match tokens.assign(user, self.state().revision) {
+                Some(signed) => signed.map_err(AuthError::Password),
+                None => Err(AuthError::VerifyOnly),
+            },
         }
     }
 
@@ -307,8 +409,7 @@ impl Auth {
         key: &[u8],
         range_end: &[u8],
     ) -> Result<(), AuthError> {
-        self.state()
-            .op_permitted(caller.user(), access, key, range_end)
+        self.state().op_permitted(caller, access, key, range_end)
     }
 
     /// Range needs read on its range.
@@ -443,7 +544,7 @@ impl Auth {
             .lease_time_to_live(&LeaseTimeToLiveRequest { id, keys: true })
             .await?;
         for key in lease.keys {
-            state.op_permitted(caller.user(), access, &key, b"")?;
+            state.op_permitted(caller, access, &key, b"")?;
         }
         Ok(())
     }

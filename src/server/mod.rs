@@ -183,6 +183,8 @@ async fn serve<B: Backend>(
             AuthOptions {
                 token_ttl: std::time::Duration::from_secs(config.auth_token_ttl),
                 bcrypt_cost: config.bcrypt_cost,
+                token: config.auth_token.clone(),
+                client_cert_auth: config.client_cert_auth,
             },
         )
         .await?,

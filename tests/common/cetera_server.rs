@@ -157,9 +157,22 @@ impl Cetera {
     /// Starts cetera on `endpoint` expecting it to refuse to start: returns its
     /// exit status and output once it exits; panics if it serves instead.
     pub async fn refused_on(endpoint: &str) -> (std::process::ExitStatus, String) {
+        Cetera::refused(endpoint, &[]).await
+    }
+
+    /// Starts cetera with `extra_args` on a fresh SQLite file, expecting it to
+    /// refuse to start, as [`Cetera::refused_on`].
+    pub async fn refused_with(extra_args: &[&str]) -> (std::process::ExitStatus, String) {
+        let dir = tempfile::tempdir().expect("create tempdir");
+        let endpoint = dir.path().join("state.db").display().to_string();
+        Cetera::refused(&endpoint, extra_args).await
+    }
+
+    async fn refused(endpoint: &str, extra_args: &[&str]) -> (std::process::ExitStatus, String) {
         let dir = tempfile::tempdir().expect("create tempdir");
         let port = free_port();
-        let args = serve_args(&local_addr(port), endpoint);
+        let mut args = serve_args(&local_addr(port), endpoint);
+        args.extend(extra_args.iter().map(|a| a.to_string()));
         let log = dir.path().join("cetera.log");
         let mut proc = Proc::spawn(cetera_bin(), &args, log);
         let ready = proc.wait_ready(port, "cetera", None).await;
