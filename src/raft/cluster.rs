@@ -24,7 +24,7 @@ use super::state_machine::StateMachine;
 use super::{Member, Raft};
 use crate::backend::Backend;
 use crate::proto::ceterapb::peer_server::PeerServer;
-use crate::store::writer::{WriteRequest, WriteResponse};
+use crate::store::request::{WriteRequest, WriteResponse};
 use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
 
 /// How long a write or a linearizable read may take before it fails with

@@ -17,8 +17,7 @@ use tokio::sync::oneshot;
 use super::{LogId, StoredMembership};
 use crate::backend::AuthKind;
 use crate::store::StoreResult;
-use crate::store::alarm::AlarmChange;
-use crate::store::writer::{AuthWrite, WriteRequest, WriteResponse};
+use crate::store::request::{AlarmChange, AuthWrite, WriteRequest, WriteResponse};
 
 /// One write in the replicated log.
 #[derive(Clone, Debug, Serialize, Deserialize)]

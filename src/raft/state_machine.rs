@@ -15,7 +15,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, St
 use super::proposal::{Mark, Waiters};
 use super::{LogId, StorageError, StoredMembership, TypeConfig, any_error};
 use crate::backend::Backend;
-use crate::store::writer::{WriteRequest, WriteResponse};
+use crate::store::request::{WriteRequest, WriteResponse};
 use crate::store::{Identity, LocalWriter, Store, StoreError};
 
 type Entry = openraft::Entry<TypeConfig>;
