@@ -147,7 +147,7 @@ impl<B: Backend> RaftStateMachine<TypeConfig> for StateMachine<B> {
             let (request, at_ms, seq) = match entry.payload {
                 EntryPayload::Normal(proposal) => {
                     let seq = (proposal.origin == self.member_id).then_some(proposal.seq);
-                    (proposal.command.request(), proposal.at_ms, seq)
+                    (proposal.request, proposal.at_ms, seq)
                 }
                 EntryPayload::Membership(membership) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), membership);

@@ -17,7 +17,6 @@ pub mod hash;
 mod history;
 pub mod hub;
 mod lease_deadlines;
-pub mod mvcc_record;
 mod publisher;
 pub mod range;
 pub mod range_stream;
@@ -269,11 +268,11 @@ impl<B: Backend> Store<B> {
     }
 
     /// Writes an etcd v3 snapshot (bbolt) of one consistent view of the
-    /// store to `path` (see `crate::migrate::bbolt_snapshot`).
+    /// store to `path` (see `crate::bbolt::snapshot`).
     pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
         let mut txn = self.backend.read().await?;
         let file = std::io::BufWriter::new(std::fs::File::create(path)?);
-        let file = crate::migrate::bbolt_snapshot::write(&mut txn, file).await?;
+        let file = crate::bbolt::snapshot::write(&mut txn, file).await?;
         file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         Ok(())
     }

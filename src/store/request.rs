@@ -4,7 +4,15 @@
 //! computes (`AuthWrite`) and what a cluster puts in its replicated log
 //! (`crate::raft`). The types alone, so that all of these import them
 //! downward.
+//!
+//! A `WriteRequest` is also what a cluster's replicated log holds (see
+//! `crate::raft::proposal`): its serde form is that log's entry format, etcd
+//! messages kept in their protobuf encoding as byte strings. The variants
+//! that are replicated come first, in the order of that format; their
+//! numbers and field order must not change, or members would read each
+//! other's entries wrong.
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio::sync::oneshot;
 
 use super::error::StoreResult;
@@ -16,15 +24,16 @@ use crate::proto::etcdserverpb::{
 };
 
 /// A write request for the writer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum WriteRequest {
     /// etcd Put.
-    Put(PutRequest),
+    Put(#[serde(with = "protobuf")] PutRequest),
     /// etcd DeleteRange.
-    DeleteRange(DeleteRangeRequest),
+    DeleteRange(#[serde(with = "protobuf")] DeleteRangeRequest),
     /// etcd Txn.
-    Txn(TxnRequest),
-    /// etcd LeaseGrant.
-    LeaseGrant(LeaseGrantRequest),
+    Txn(#[serde(with = "protobuf")] TxnRequest),
+    /// etcd LeaseGrant (in a cluster, with its id chosen).
+    LeaseGrant(#[serde(with = "protobuf")] LeaseGrantRequest),
     /// etcd LeaseRevoke.
     LeaseRevoke(i64),
     /// One etcd LeaseKeepAlive request.
@@ -33,8 +42,9 @@ pub enum WriteRequest {
     LeaseExpire(i64),
     /// etcd Compact: move the compact revision (the history goes later).
     Compact(i64),
-    /// Remove the next stretch of history below the compact revision.
-    CompactStep,
+    /// A change of users, roles or the auth switch, as `crate::auth`
+    /// computed it; made only if the auth state is still as it was read.
+    Auth(AuthWrite),
     /// etcd Alarm ACTIVATE or DEACTIVATE.
     Alarm {
         /// Raise or disarm.
@@ -44,24 +54,39 @@ pub enum WriteRequest {
         /// etcdserverpb.AlarmType number.
         alarm: i32,
     },
+    // The rest is never replicated: a member's own housekeeping, and what
+    // cluster members do not serve (Downgrade, see src/api/downgrade.rs).
+    /// Remove the next stretch of history below the compact revision.
+    #[serde(skip)]
+    CompactStep,
     /// etcd Downgrade ENABLE or CANCEL: the stored downgrade target becomes
     /// `target` (see `settings::DOWNGRADE_TARGET`) if it is still `expected`.
+    #[serde(skip)]
     Downgrade {
         /// The target the change was decided on.
         expected: i64,
         /// The target after it.
         target: i64,
     },
-    /// A change of users, roles or the auth switch, as `crate::auth`
-    /// computed it; made only if the auth state is still as it was read.
-    Auth(AuthWrite),
     /// Nothing but the replication mark of its `Queued` (a Raft entry that
     /// changes no key, such as a membership change).
+    #[serde(skip)]
     Nothing,
 }
 
+impl WriteRequest {
+    /// Whether this request goes through a cluster's replicated log; the
+    /// rest never leaves this member.
+    pub fn is_replicated(&self) -> bool {
+        !matches!(
+            self,
+            WriteRequest::CompactStep | WriteRequest::Downgrade { .. } | WriteRequest::Nothing
+        )
+    }
+}
+
 /// Auth records to store, computed by `crate::auth` from the state it read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthWrite {
     /// Whether auth was enabled, and the auth revision, in the state the
     /// change was computed from: it applies only if they still are.
@@ -71,8 +96,13 @@ pub struct AuthWrite {
     /// The auth revision after the change.
     pub revision: u64,
     /// Records to store (Some) or remove (None), by kind and name.
-    pub records: Vec<(AuthKind, Vec<u8>, Option<Vec<u8>>)>,
+    #[serde(with = "auth_records")]
+    pub records: Vec<AuthRecord>,
 }
+
+/// One auth record to store or remove: its kind, its name, and the record
+/// (None: remove it).
+pub type AuthRecord = (AuthKind, Vec<u8>, Option<Vec<u8>>);
 
 /// The writer's answer to a `WriteRequest`.
 pub enum WriteResponse {
@@ -167,4 +197,76 @@ pub enum AlarmChange {
     Activate,
     /// Disarm the alarm.
     Deactivate,
+}
+
+/// In the log, whether the alarm is raised.
+impl Serialize for AlarmChange {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bool(*self == AlarmChange::Activate)
+    }
+}
+
+impl<'de> Deserialize<'de> for AlarmChange {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match bool::deserialize(deserializer)? {
+            true => AlarmChange::Activate,
+            false => AlarmChange::Deactivate,
+        })
+    }
+}
+
+/// An etcd message in the log: its protobuf encoding, as a byte string.
+mod protobuf {
+    use prost::Message;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<M: Message, S: Serializer>(
+        message: &M,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&message.encode_to_vec())
+    }
+
+    pub fn deserialize<'de, M: Message + Default, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<M, D::Error> {
+        let bytes = serde_bytes::ByteBuf::deserialize(deserializer)?;
+        M::decode(&bytes[..]).map_err(D::Error::custom)
+    }
+}
+
+/// Auth records in the log: the kind as a bool (user: true, role: false).
+mod auth_records {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::AuthRecord;
+    use crate::backend::AuthKind;
+
+    /// One record as the log holds it.
+    type Logged = (bool, Vec<u8>, Option<Vec<u8>>);
+
+    pub fn serialize<S: Serializer>(
+        records: &[AuthRecord],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            records
+                .iter()
+                .map(|(kind, name, record)| (*kind == AuthKind::User, name, record)),
+        )
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<AuthRecord>, D::Error> {
+        let logged = Vec::<Logged>::deserialize(deserializer)?;
+        let kind = |user| match user {
+            true => AuthKind::User,
+            false => AuthKind::Role,
+        };
+        Ok(logged
+            .into_iter()
+            .map(|(user, name, record)| (kind(user), name, record))
+            .collect())
+    }
 }
