@@ -12,8 +12,11 @@
 #   - bytes written to storage (/proc/PID/io write_bytes) and write calls (syscw);
 #   - CPU time (/proc/PID/stat utime + stime);
 #   - VmHWM and VmRSS (/proc/PID/status) at the step's end.
-# Then the idle test (both servers idle side by side for --idle seconds) and a
-# 10 puts/s test (fsyncs and bytes per put). It prints the tables (Markdown) and the
+# At the end of every case it also takes the size of each server's data dir and of
+# its database file (etcd's member/snap/db, cetera's state.db).
+# Then the idle test (both servers idle side by side for --idle seconds), a
+# 10 puts/s test (fsyncs and bytes per put), and the loads of issue 28 (1 KiB values
+# over 5k keys at 10, 100 and 400 puts/s and saturated, a fresh pair each). It prints the tables (Markdown) and the
 # targets of issue #6 with met / missed; everything also lands in the output dir.
 #
 # With --backend postgres or mysql, cetera keeps its data in a new database on the
@@ -27,7 +30,7 @@
 #                         [--backend sqlite|postgres|mysql]
 #   --quick         short steps (3 s), 100k keys instead of 1M, 10 s idle: ~3 minutes
 #   --only CASES    comma-separated subset of: put,range,txn,list,stream,watch,lease,
-#                   k8s,scale,slow,soak,idle
+#                   k8s,scale,slow,rates,soak,idle
 #   --soak D        length of the soak (default 30m, compaction every 5m; quick: 2m,
 #                   compaction every 30s); env BENCH_SOAK
 #   --idle SECONDS  length of the idle test (default 60; env BENCH_IDLE_SECS)
@@ -302,12 +305,20 @@ sample_end() {
     cpu=$(cpu_ticks "$pids")
     sys=$(sys_ticks "$pids")
     hz=$(getconf CLK_TCK)
-    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s}' \
+    # The data dir and database file, when the caller set S_DIR (0 on a database server).
+    local dir_bytes=0 db_bytes=0
+    if [[ -n ${S_DIR:-} && -d ${S_DIR:-} ]]; then
+        dir_bytes=$(du -sb "$S_DIR" | cut -f1)
+        local db=$S_DIR/state.db
+        [[ -d $S_DIR/data ]] && db=$S_DIR/data/member/snap/db
+        db_bytes=$(stat -c %s "$db" 2>/dev/null || echo 0)
+    fi
+    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s, "dir_bytes": %s, "db_bytes": %s}' \
         "$fsyncs" "$((wb - S_WB))" "$((syscw - S_SYSCW))" \
         "$(awk -v a="$S_CPU" -v b="$cpu" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="$S_SYS" -v b="$sys" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="$S_T0" -v b="$t1" 'BEGIN { print b - a }')" \
-        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)")
+        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)" "$dir_bytes" "$db_bytes")
 }
 
 # sample_push / sample_pop: sets one server's sampling aside while a second one's
@@ -382,7 +393,7 @@ run_case() {
             "$BENCH" --endpoints "$url" --json $args >"$OUT/$tag.json" ||
                 log "  $label on $server reported errors (see $OUT/$tag.json)"
             growth_end
-            sample_end "$(server_pids "$server" "$pid")"
+            S_DIR=$WORK/$case-$server sample_end "$(server_pids "$server" "$pid")"
             record "$case" "$label" "$server" "$OUT/$tag.json"
         done
         # What cetera's commits wrote: pages per commit in its WAL (read before
@@ -424,10 +435,10 @@ run_at_once() {
     done
     wait "${benches[@]}" || log "  $label reported errors (see $OUT/$label-*.json)"
     for server in etcd cetera; do G_SAMPLER=${sampler[$server]} growth_end; done
-    sample_end "$(server_pids cetera "${pid[cetera]}")"
+    S_DIR=$WORK/$case-cetera sample_end "$(server_pids cetera "${pid[cetera]}")"
     record "$case" "$label" cetera "$OUT/$label-cetera.json"
     sample_pop
-    sample_end "$(server_pids etcd "${pid[etcd]}")"
+    S_DIR=$WORK/$case-etcd sample_end "$(server_pids etcd "${pid[etcd]}")"
     record "$case" "$label" etcd "$OUT/$label-etcd.json"
     stop_server "${pid[cetera]}"
     stop_server "${pid[etcd]}"
@@ -484,6 +495,19 @@ fi
 
 want slow && run_case slow "" \
     "put-10-per-s=put --clients 1 --conns 1 --rate 10 --duration ${SLOW_SECS}s"
+
+# The loads a busy Kubernetes server sees (issue 28): 1 KiB values (a typical
+# object) over 5k keys, at 10 puts/s from 1 client, 100 from 4, 400 from 16, and
+# saturated with 64; fresh servers for every step, so each step's bytes, fsyncs and
+# database size are its own.
+if want rates; then
+    for step in "rate-10=put --clients 1 --conns 1 --rate 10" \
+        "rate-100=put --clients 4 --conns 4 --rate 100" \
+        "rate-400=put --clients 16 --conns 4 --rate 400" \
+        "rate-max=put --clients 64 --conns 8"; do
+        run_case "${step%%=*}" "" "$step --key-space 5000 --val-size 1024 $D"
+    done
+fi
 
 # The soak: the k8s mix at a steady rate with the apiserver's compactor, on both
 # servers at once (it would take twice as long one after the other; at this rate
@@ -622,6 +646,28 @@ for step in steps:
 out.append("")
 out.append("For idle, the fsync/op and KB/op columns are per minute. CPU is the server's (user + system); kernel % is the system part of it.")
 
+# The loads of issue 28: bytes and fsyncs per put, and the store's size at the end.
+rate_steps = [s for s in ("rate-10", "rate-100", "rate-400", "rate-max") if by.get((s, "etcd")) and by.get((s, "cetera"))]
+if rate_steps:
+    out += ["", "### Bytes and fsyncs per put at Kubernetes loads (1 KiB values, 5k keys; issue 28)", ""]
+    out.append("| step | etcd puts/s | cetera puts/s | etcd KB/put | cetera KB/put | cetera/etcd | etcd fsyncs/put | cetera fsyncs/put | etcd data dir MB | cetera data dir MB | etcd db MB | cetera db MB |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for step in rate_steps:
+        e, c = by[(step, "etcd")]["sample"], by[(step, "cetera")]["sample"]
+        ne, nc = ops(step, "etcd"), ops(step, "cetera")
+        kb = lambda s, n: s["write_bytes"] / n / 1024 if n else None
+        fs = lambda s, n: s["fsyncs"] / n if n and s["fsyncs"] is not None else None
+        mbs = lambda s, k: s.get(k, 0) / 2**20
+        out.append("| " + " | ".join([
+            step, fmt((result(step, "etcd") or {}).get("per_sec")),
+            fmt((result(step, "cetera") or {}).get("per_sec")),
+            fmt(kb(e, ne), 2), fmt(kb(c, nc), 2), fmt(ratio(kb(c, nc), kb(e, ne)), 2),
+            fmt(fs(e, ne), 3), fmt(fs(c, nc), 3),
+            fmt(mbs(e, "dir_bytes")), fmt(mbs(c, "dir_bytes")), fmt(mbs(e, "db_bytes")), fmt(mbs(c, "db_bytes")),
+        ]) + " |")
+    out.append("")
+    out.append("Data dir and db at the step's end, before the stop: etcd's data dir includes its 64 MB preallocated WAL file, cetera's its SQLite WAL.")
+
 # cetera's WAL at the end of each case (scripts/wal-frames.py): the pages its commits wrote.
 wal = []
 for path in sorted(glob.glob(os.path.join(sys.argv[3], "*-wal.json"))):
@@ -749,8 +795,21 @@ if cw:
         target("soak: cetera's database file and RSS plateau (last window's peak <= 1.1x the window's before)",
                f"db {fmt(db, 2)}x, RSS {fmt(rss, 2)}x", db is not None and rss is not None and db <= 1.1 and rss <= 1.1)
 
+# Issue 28: gentler than etcd at every load.
+for step in rate_steps:
+    e, c = by[(step, "etcd")]["sample"], by[(step, "cetera")]["sample"]
+    ne, nc = ops(step, "etcd"), ops(step, "cetera")
+    if not ne or not nc:
+        continue
+    limit = 0.75 if step in ("rate-100", "rate-400") else 1.0
+    r = ratio(c["write_bytes"] / nc, e["write_bytes"] / ne)
+    target(f"{step}: KB written per put <= {limit}x etcd's (issue 28)", f"{fmt(r, 2)}x", r is not None and r <= limit)
+    if e["fsyncs"] is not None and c["fsyncs"] is not None:
+        fe, fc = e["fsyncs"] / ne, c["fsyncs"] / nc
+        target(f"{step}: fsyncs per put <= etcd's (issue 28)", f"{fmt(fc, 3)} vs {fmt(fe, 3)}", fc <= fe)
+
 if T:
-    out += ["", "### Targets (issue #6)", "", "| target | measured | |", "|---|---|---|"]
+    out += ["", "### Targets (issues #6 and #28)", "", "| target | measured | |", "|---|---|---|"]
     out += [f"| {w} | {v} | {'met' if ok else '**missed**'} |" for w, v, ok in T]
 print("\n".join(out))
 EOF
