@@ -20,6 +20,7 @@ use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
 use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
+use crate::api::require_leader::RequireLeaderLayer;
 use crate::api::watch::WatchService;
 use crate::auth::{Auth, AuthOptions};
 use crate::backend::Backend;
@@ -230,6 +231,7 @@ async fn serve<B: Backend>(
         quota_backend_bytes: config.quota_backend_bytes,
         name: config.name.clone(),
         client_urls: config.client_urls(),
+        peer_url: config.peer_url(),
         auth,
         cluster: cluster.clone(),
     });
@@ -261,6 +263,7 @@ async fn serve<B: Backend>(
     let router = Server::builder()
         .layer(grpc_metrics::GrpcMetricsLayer)
         .layer(tower::util::MapResponseLayer::new(etcd_message_size_error))
+        .layer(RequireLeaderLayer::new(cluster.clone()))
         .add_service(
             KvServer::new(KvService::new(store.clone(), info.clone()))
                 .max_decoding_message_size(max_message),
