@@ -27,7 +27,7 @@ pub mod writer;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -41,7 +41,9 @@ use self::lease_deadlines::LeaseDeadlines;
 use self::publisher::Publisher;
 pub(crate) use self::settings::read_auth_flags;
 use self::writer::{Queued, WriteRequest, WriteResponse};
-use crate::backend::{AlarmRow, Backend, DatabaseSize, LeaseRow, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{
+    AlarmRow, Backend, DatabaseSize, DiskFull, LeaseRow, ReadTxn, Revisions, WriteTxn,
+};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
@@ -173,6 +175,8 @@ pub struct Store<B: Backend> {
     /// reserved for it (`adopt_member_id`).
     member_id: AtomicU64,
     quota: Quota,
+    /// Set while the compactor's last step failed for a full datastore.
+    compaction_out_of_space: Arc<AtomicBool>,
     /// Range counts of committed revisions, reused by later reads.
     counts: CountCache,
     /// Lease deadlines ahead of the database, when keep-alives are answered
@@ -217,10 +221,12 @@ impl<B: Backend> Store<B> {
             queue: queue.downgrade(),
             replication: replication.clone(),
         };
+        let compaction_out_of_space = Arc::new(AtomicBool::new(false));
         let compactor = tokio::spawn(compactor(
             backend.clone(),
             queue.downgrade(),
             revisions.clone(),
+            compaction_out_of_space.clone(),
         ));
         let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), writes.clone()));
         let mut background = vec![compactor, lease_expirer];
@@ -246,6 +252,7 @@ impl<B: Backend> Store<B> {
             cluster_id: identity.cluster_id,
             member_id: AtomicU64::new(identity.member_id),
             quota: Quota::new(options.quota_backend_bytes),
+            compaction_out_of_space,
             counts: CountCache::default(),
             lease_deadlines,
             writer,
@@ -419,10 +426,23 @@ impl<B: Backend> Store<B> {
         let resp = self.write_for(WriteRequest::Compact(req.revision)).await?;
         if req.physical {
             let mut revisions = self.revisions.clone();
-            revisions
-                .wait_for(|r| r.compacted_through >= req.revision)
-                .await
-                .map_err(|_| StoreError::Stopped)?;
+            let done = revisions.wait_for(|r| r.compacted_through >= req.revision);
+            tokio::pin!(done);
+            // The compactor cannot remove history while the datastore is
+            // full: the answer says so rather than waiting for space.
+            loop {
+                tokio::select! {
+                    done = &mut done => {
+                        done.map_err(|_| StoreError::Stopped)?;
+                        break;
+                    }
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                        if self.compaction_out_of_space.load(Ordering::SeqCst) {
+                            return Err(StoreError::NoSpace);
+                        }
+                    }
+                }
+            }
         }
         Ok(resp)
     }
@@ -541,8 +561,22 @@ impl<B: Backend> Store<B> {
     /// The raised alarms of type `alarm` (every one for NONE), as etcd's
     /// Alarm GET lists them.
     pub async fn alarms(&self, alarm: i32) -> StoreResult<Vec<AlarmRow>> {
-        let raised = self.backend.read().await?.alarms().await?;
+        let mut raised = self.backend.read().await?.alarms().await?;
+        if self.quota.disk_full() {
+            let row = self.disk_full_alarm();
+            if !raised.contains(&row) {
+                raised.push(row);
+            }
+        }
         Ok(alarm::matching(raised, alarm))
+    }
+
+    /// The NOSPACE alarm this member raises when its datastore is full.
+    fn disk_full_alarm(&self) -> AlarmRow {
+        AlarmRow {
+            member_id: self.identity().member_id as i64,
+            alarm: crate::proto::etcdserverpb::AlarmType::Nospace as i32,
+        }
     }
 
     /// The stored target of the Downgrade in flight (0: none; see
@@ -574,10 +608,17 @@ impl<B: Backend> Store<B> {
             member_id,
             alarm,
         };
-        let changed: Vec<AlarmRow> = self.write_for(request).await?;
+        let mut changed: Vec<AlarmRow> = self.write_for(request).await?;
         if change == AlarmChange::Deactivate {
             // The next write measures the database again, as etcd re-checks.
             self.quota.forget_size().await;
+            let row = self.disk_full_alarm();
+            if (row.member_id as u64, row.alarm) == (member_id, alarm)
+                && self.quota.disarm_disk_full()
+                && !changed.contains(&row)
+            {
+                changed.push(row);
+            }
         }
         Ok(changed)
     }
@@ -586,6 +627,9 @@ impl<B: Backend> Store<B> {
     /// would take the database to the quota raises the NOSPACE alarm and is
     /// refused.
     async fn check_quota(&self, cost: i64) -> StoreResult<()> {
+        if self.quota.disk_full() {
+            return Err(StoreError::NoSpace);
+        }
         if self.quota.available(&*self.backend, cost).await? {
             return Ok(());
         }
@@ -635,9 +679,17 @@ impl<B: Backend> Store<B> {
     }
 
     async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
-        match self.replication.get() {
+        let written = match self.replication.get() {
             Some(replication) => replication.propose(request, apply::now_ms()).await,
             None => write_through(&self.queue, request).await,
+        };
+        match written {
+            // A full datastore raises NOSPACE, as a database over its quota does.
+            Err(StoreError::Backend(error)) if DiskFull::is(&error) => {
+                self.quota.note_disk_full();
+                Err(StoreError::NoSpace)
+            }
+            written => written,
         }
     }
 
@@ -700,6 +752,7 @@ async fn compactor<B: Backend>(
     backend: Arc<B>,
     queue: mpsc::WeakSender<Queued>,
     mut revisions: watch::Receiver<Revisions>,
+    out_of_space: Arc<AtomicBool>,
 ) {
     let mut last_reclaim: Option<std::time::Instant> = None;
     loop {
@@ -717,6 +770,7 @@ async fn compactor<B: Backend>(
         let Some(queue) = queue.upgrade() else { return };
         match write_through(&queue, WriteRequest::CompactStep).await {
             Ok(_) => {
+                out_of_space.store(false, Ordering::SeqCst);
                 let caught_up = {
                     let r = revisions.borrow();
                     r.compacted_through >= r.compact
@@ -731,6 +785,15 @@ async fn compactor<B: Backend>(
                 }
             }
             Err(StoreError::Stopped) => return,
+            Err(StoreError::Backend(error)) if DiskFull::is(&error) => {
+                if !out_of_space.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(
+                        "the datastore is out of space: compaction waits until there is some \
+                         ({error:#})"
+                    );
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
             Err(error) => {
                 tracing::warn!("compaction step failed, retrying: {error}");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
