@@ -35,6 +35,7 @@
 pub(crate) mod api;
 pub(crate) mod auth;
 pub mod backend;
+pub mod bbolt;
 pub mod config;
 pub(crate) mod metrics;
 pub mod migrate;

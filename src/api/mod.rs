@@ -15,6 +15,7 @@ pub mod maintenance;
 mod prefix_queue;
 pub mod require_leader;
 mod status_fields;
+mod version;
 pub mod watch;
 
 use std::sync::Arc;
@@ -72,7 +73,7 @@ impl ServerInfo {
     /// Whether the emulated etcd is 3.6 or later, whose checks and fields
     /// some answers follow.
     pub fn emulates_36(&self) -> bool {
-        status_fields::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
+        version::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
     }
 
     /// The Raft term: the cluster's, or a single node's constant one.
