@@ -14,7 +14,6 @@
 //! leadership handovers (`leadership`) are the leader's to make.
 
 mod cluster;
-mod election;
 mod leadership;
 mod log_store;
 mod member;
