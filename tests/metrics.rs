@@ -425,7 +425,7 @@ async fn json_logs_are_one_object_per_line() {
     assert!(
         lines
             .iter()
-            .any(|line| line.contains(r#""message":"serving the etcd API""#)),
+            .any(|line| line.contains(r#""message":"serving the etcd API (gRPC and HTTP)""#)),
         "{log}"
     );
 }
