@@ -3,38 +3,92 @@
 //! Layers, top to bottom: `api` (one module per etcd gRPC service) calls the
 //! `store` (etcd's semantics: revisions, txns, compaction), which runs on a
 //! `backend` (one module per SQL dialect). `server` wires them together.
-//! Dependencies point down only: nothing below the store imports it, auth
-//! or config.
+//! Dependencies point down only: each module below imports only modules
+//! listed after it (and `proto`), never one listed before it.
 //!
 //! # Layout
 //!
-//! Public modules are what the `cetera` binary and the integration tests
-//! use (the tests build fixtures through `backend`); the rest are private
-//! to the crate.
+//! The one map of the repository; README.md and ARCHITECTURE.md point here.
+//! Public modules are what the `cetera` binary, the integration tests and
+//! the fuzz targets use; the rest are private to the crate.
 //!
-//! - [`server`]: opens the datastore, builds the store, serves the gRPC
-//!   services until shutdown; client TLS, the gRPC metrics layer, and the
-//!   HTTP server for /metrics and the health endpoints.
-//! - [`config`]: the command line (etcd's and k3s's flag names); hands plain
-//!   values down.
-//! - `api`: one module per etcd service (KV, Watch, Lease, Maintenance,
-//!   Cluster, Auth, Lock, Election): validation, limits, etcd's errors.
-//! - `auth`: users, roles, permissions and tokens, and the checks the
-//!   services make.
-//! - `watch`: one Watch stream's session, with etcd's watcher rules.
-//! - `raft`: replicated mode, the store as openraft's state machine.
-//! - [`migrate`] and [`restore`]: the `cetera migrate` and `cetera restore`
-//!   commands.
-//! - `metrics`: the Prometheus registry the layers count in.
-//! - `store`: etcd's semantics, written once: ranges, the writer, leases,
-//!   compaction, alarms, hashes, the watch hub.
-//! - [`backend`]: storage primitives per SQL dialect (SQLite, PostgreSQL,
-//!   MySQL), snapshots copied through them, and opening any datastore.
-//! - [`proto`]: the generated etcd v3 and peer protocol types.
+//! - `src/main.rs`: the `cetera` binary: parses [`config`], then serves,
+//!   migrates or restores.
+//! - [`restore`] (`src/restore.rs`): `cetera restore FILE`, an etcd snapshot
+//!   (through `migrate::etcd_snapshot`) or a cetera SQLite one.
+//! - [`migrate`] (`src/migrate.rs`, `src/migrate/`): `cetera migrate` between
+//!   datastores and its check; `etcd.rs` imports a live etcd, `export.rs`
+//!   exports into one, `etcd_snapshot.rs` imports an etcd snapshot file,
+//!   `kine.rs`, `kine_rows.rs`, `kine_source.rs` a kine datastore.
+//! - [`server`] (`src/server/`): opens the datastore, builds the store,
+//!   serves the gRPC services until shutdown (`mod.rs`); client TLS
+//!   (`tls.rs`), the gRPC metrics layer (`grpc_metrics.rs`), the `:authority`
+//!   repair (`authority.rs`), and the HTTP server for /metrics and the health
+//!   endpoints (`metrics_server.rs`).
+//! - `src/gateway/` (not built yet, issue 27): the HTTP/JSON gateway. It is
+//!   a transport, so it stands here, beside `api` and calling into it, not
+//!   inside it.
+//! - `api` (`src/api/`): one module per etcd service (`kv`, `watch`, `lease`,
+//!   `maintenance`, `cluster`, `auth`, `lock`, `election`): validation,
+//!   limits, etcd's errors, header ids (`mod.rs`). Beside them:
+//!   `prefix_queue.rs` (the waiting line of Lock and Election),
+//!   `downgrade.rs` and `status_fields.rs` (what Maintenance answers per
+//!   emulated version), `version.rs` (major.minor of a version),
+//!   `go_decode.rs` (a Go server's error for an undecodable WatchRequest).
+//! - [`config`] (`src/config.rs`): the command line (etcd's and k3s's flag
+//!   names); hands plain values down.
+//! - `auth` (`src/auth/`): users, roles, permissions (`perms.rs`), simple
+//!   tokens (`tokens.rs`), the management calls (`manage.rs`) and the checks
+//!   the services make (`mod.rs`), with etcd's auth errors (`error.rs`).
+//! - `watch` (`src/watch/`): one Watch stream's session, with etcd's watcher
+//!   rules (`session.rs`).
+//! - `raft` (`src/raft/`): replicated mode, the store as openraft's state
+//!   machine: a member (`cluster.rs`), joining and membership
+//!   (`membership.rs`, `member.rs`), leadership handover (`leadership.rs`),
+//!   the log (`log_store.rs`), its entries (`proposal.rs`), the state machine
+//!   (`state_machine.rs`), the peer service (`network.rs` client side,
+//!   `peer.rs` server side).
+//! - `store` (`src/store/`): etcd's semantics, written once. `mod.rs` is
+//!   `Store`: reads on snapshots, writes as `request.rs`'s `WriteRequest`s
+//!   through `routing.rs` (the replicated log, or the local writer) to
+//!   `writer.rs` (group commit), which applies them with `apply.rs` and
+//!   `apply/lease.rs`. Beside them: `range.rs`, `range_stream.rs`,
+//!   `count_cache.rs` (reads), `alarm.rs` (quota and alarms),
+//!   `lease_deadlines.rs` (keep-alives answered from memory), `hub.rs` and
+//!   `publisher.rs` (recent revisions for watchers), `history.rs` (older
+//!   ones from the log), `hash.rs` (Hash, HashKV), `settings.rs` (identity,
+//!   auth flags), `replica.rs` (the handle Raft works through), `error.rs`;
+//!   `background/` (compactor, lease expirer, automatic compaction, the
+//!   poller of other instances' commits); `conformance.rs` (tests: etcd's
+//!   semantics, run on every dialect).
+//! - [`bbolt`] (`src/bbolt/`): etcd's bbolt format: the file reader
+//!   (`reader.rs`) and writer (`writer.rs`), etcd's bucket records
+//!   (`records.rs`), the etcd snapshot the Snapshot RPC streams
+//!   (`snapshot.rs`).
+//! - [`backend`] (`src/backend/`): storage primitives (the `Backend`,
+//!   `ReadTxn`, `WriteTxn` traits in `mod.rs`), one module per SQL dialect
+//!   (`sqlite/`, `postgres/`, `mysql/`); shared: row decoding (`rows.rs`),
+//!   streamed ranges (`range_stream.rs`), other instances' commits
+//!   (`changes.rs`), what an endpoint names (`datastore.rs`), opening any
+//!   datastore (`open.rs`), the settings rows (`settings.rs`), cetera's
+//!   SQLite snapshots (`snapshot.rs`).
+//! - `metrics` (`src/metrics/`): the Prometheus registry every layer counts in.
+//! - [`proto`]: the generated etcd v3 and peer protocol types, from
+//!   `crates/cetera-proto` (the `.proto` files, compiled by its `build.rs`
+//!   with protox), with the Txn op builders (`proto::ops`) the server, the
+//!   tests and the bench share.
+//!
+//! Outside `src/`: `migrations/` (the schema per dialect), `tests/`
+//! (end-to-end and differential against real etcd; `tests/common/` starts
+//! etcd and cetera side by side), `fuzz/` (cargo-fuzz targets for the bbolt
+//! reader and the snapshot loader), `crates/cetera-bench` (the benchmark
+//! client, on `cetera-proto` alone), `scripts/` (test dependencies, the
+//! test command, the benchmark runners).
 
 pub(crate) mod api;
 pub(crate) mod auth;
 pub mod backend;
+pub mod bbolt;
 pub mod config;
 pub(crate) mod metrics;
 pub mod migrate;

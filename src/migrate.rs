@@ -15,9 +15,6 @@
 //! `--from kine+ENDPOINT` a kine datastore (see `kine`);
 //! `--to http(s)://...` exports into a live etcd (see `export`).
 
-pub mod bbolt;
-pub mod bbolt_snapshot;
-pub mod bbolt_writer;
 pub mod etcd;
 pub mod etcd_snapshot;
 pub mod export;

@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::backend::Backend;
 use crate::backend::open::{BackendJob, OpenFor, with_datastore};
 use crate::backend::snapshot::{Restored, restore};
+use crate::bbolt::is_bbolt;
 use crate::config::Config;
 use crate::migrate::etcd_snapshot;
 
@@ -21,7 +22,7 @@ fn is_etcd_snapshot(file: &Path) -> anyhow::Result<bool> {
         .with_context(|| format!("cannot open {}", file.display()))?
         .take(32)
         .read_to_end(&mut start)?;
-    Ok(etcd_snapshot::is_bbolt(&start))
+    Ok(is_bbolt(&start))
 }
 
 /// `cetera restore FILE`: opens the datastore named by the flags and restores into it.

@@ -801,8 +801,8 @@ impl Generator {
         let mut txn = TxnRequest::default();
         match self.rng.below(3) {
             0 => txn.compare = (0..n).map(|_| self.compare()).collect(),
-            1 => txn.success = (0..n).map(|_| range_op(self.range())).collect(),
-            _ => txn.failure = (0..n).map(|_| range_op(self.range())).collect(),
+            1 => txn.success = (0..n).map(|_| RequestOp::from(self.range())).collect(),
+            _ => txn.failure = (0..n).map(|_| RequestOp::from(self.range())).collect(),
         }
         txn
     }
@@ -813,27 +813,27 @@ impl Generator {
         let k2 = self.rng.pick(&KEYS).to_vec();
         let v = self.value();
         let put = |key: &[u8], value: &[u8]| {
-            put_op(PutRequest {
+            RequestOp::from(PutRequest {
                 key: key.to_vec(),
                 value: value.to_vec(),
                 ..Default::default()
             })
         };
         let delete = |key: &[u8], end: &[u8]| {
-            delete_op(DeleteRangeRequest {
+            RequestOp::from(DeleteRangeRequest {
                 key: key.to_vec(),
                 range_end: end.to_vec(),
                 prev_kv: true,
             })
         };
         let get = |key: &[u8]| {
-            range_op(RangeRequest {
+            RequestOp::from(RangeRequest {
                 key: key.to_vec(),
                 ..Default::default()
             })
         };
         let nested = |success: Vec<RequestOp>, failure: Vec<RequestOp>, compare: Vec<Compare>| {
-            txn_op(TxnRequest {
+            RequestOp::from(TxnRequest {
                 compare,
                 success,
                 failure,
@@ -932,30 +932,6 @@ impl Generator {
             revision,
             physical: self.rng.percent(30),
         }
-    }
-}
-
-fn range_op(r: RangeRequest) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestRange(r)),
-    }
-}
-
-fn put_op(r: PutRequest) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestPut(r)),
-    }
-}
-
-fn delete_op(r: DeleteRangeRequest) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestDeleteRange(r)),
-    }
-}
-
-fn txn_op(r: TxnRequest) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestTxn(r)),
     }
 }
 
@@ -1142,7 +1118,7 @@ async fn request_size_limit() {
     }
     for (what, len) in [("txn just under", under), ("txn just over", over)] {
         let txn = TxnRequest {
-            success: vec![put_op(put_request(b"big2", len))],
+            success: vec![RequestOp::from(put_request(b"big2", len))],
             ..Default::default()
         };
         pair.check(what, Request::Txn(txn)).await;
@@ -1177,7 +1153,7 @@ async fn custom_limits() {
         return;
     };
     let get = |key: &[u8]| {
-        range_op(RangeRequest {
+        RequestOp::from(RangeRequest {
             key: key.to_vec(),
             ..Default::default()
         })

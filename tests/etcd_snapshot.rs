@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use cetera::migrate::bbolt::Db;
+use cetera::bbolt::Db;
 use cetera::proto::authpb::{Permission, UserAddOptions};
 use cetera::proto::etcdserverpb::auth_client::AuthClient;
 use cetera::proto::etcdserverpb::kv_client::KvClient;

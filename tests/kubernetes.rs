@@ -29,14 +29,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use cetera::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use cetera::proto::etcdserverpb::request_op::Request as Op;
 use cetera::proto::etcdserverpb::response_op::Response as OpResponse;
 use cetera::proto::etcdserverpb::{
-    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest,
-    RequestOp, TxnRequest, TxnResponse, WatchCreateRequest, WatchResponse, kv_client::KvClient,
-    lease_client::LeaseClient,
+    CompactionRequest, Compare, LeaseGrantRequest, RangeRequest, TxnRequest, TxnResponse,
+    WatchCreateRequest, WatchResponse, kv_client::KvClient, lease_client::LeaseClient,
 };
 use cetera::proto::mvccpb::{KeyValue, event::EventType};
+use cetera::proto::ops;
 use common::{Cetera, Etcd, WatchStream};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tonic::transport::Channel;
@@ -96,33 +95,11 @@ fn compare_mod(key: &[u8], revision: i64) -> Compare {
     }
 }
 
-fn op(request: Op) -> RequestOp {
-    RequestOp {
-        request: Some(request),
-    }
-}
-
-fn get_op(key: &[u8]) -> RequestOp {
-    op(Op::RequestRange(RangeRequest {
-        key: key.to_vec(),
-        ..Default::default()
-    }))
-}
-
-fn put_op(key: &[u8], value: &[u8], lease: i64) -> RequestOp {
-    op(Op::RequestPut(PutRequest {
-        key: key.to_vec(),
-        value: value.to_vec(),
-        lease,
-        ..Default::default()
-    }))
-}
-
 /// Create: `Txn{[MOD(key)=0], success=[Put{key,value,lease}]}`.
 fn create_txn(key: &[u8], value: &[u8], lease: i64) -> TxnRequest {
     TxnRequest {
         compare: vec![compare_mod(key, 0)],
-        success: vec![put_op(key, value, lease)],
+        success: vec![ops::put(key, value, lease)],
         failure: vec![],
     }
 }
@@ -131,8 +108,8 @@ fn create_txn(key: &[u8], value: &[u8], lease: i64) -> TxnRequest {
 fn update_txn(key: &[u8], value: &[u8], revision: i64) -> TxnRequest {
     TxnRequest {
         compare: vec![compare_mod(key, revision)],
-        success: vec![put_op(key, value, 0)],
-        failure: vec![get_op(key)],
+        success: vec![ops::put(key, value, 0)],
+        failure: vec![ops::get(key)],
     }
 }
 
@@ -140,11 +117,8 @@ fn update_txn(key: &[u8], value: &[u8], revision: i64) -> TxnRequest {
 fn delete_txn(key: &[u8], revision: i64) -> TxnRequest {
     TxnRequest {
         compare: vec![compare_mod(key, revision)],
-        success: vec![op(Op::RequestDeleteRange(DeleteRangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        }))],
-        failure: vec![get_op(key)],
+        success: vec![ops::delete(key)],
+        failure: vec![ops::get(key)],
     }
 }
 
@@ -252,8 +226,12 @@ async fn compactor(
                 target_union: Some(TargetUnion::Version(version)),
                 ..Default::default()
             }],
-            success: vec![put_op(COMPACT_REV_KEY, last_rev.to_string().as_bytes(), 0)],
-            failure: vec![get_op(COMPACT_REV_KEY)],
+            success: vec![ops::put(
+                COMPACT_REV_KEY,
+                last_rev.to_string().as_bytes(),
+                0,
+            )],
+            failure: vec![ops::get(COMPACT_REV_KEY)],
         };
         let response = kv.txn(txn).await.expect("compaction txn").into_inner();
         let current = common::header_rev(&response.header);

@@ -22,6 +22,7 @@ use cetera::proto::etcdserverpb::{
     DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RequestOp, StatusRequest,
     TxnRequest, kv_client::KvClient, lease_client::LeaseClient,
 };
+use cetera::proto::ops;
 use common::{Cetera, Side, differential, etcdctl_35, normalize_etcdctl, outcome, run_etcdctl};
 use tonic::transport::Channel;
 
@@ -127,16 +128,6 @@ async fn status_errors(s: &mut Side, step: &str) {
     let text = outcome(result, |r| format!("errors={:?}", r.errors));
     let text = mask_member(s, &text).await;
     s.note(step, text);
-}
-
-fn put_op(key: &str, value: &str) -> RequestOp {
-    RequestOp {
-        request: Some(Request::RequestPut(PutRequest {
-            key: key.into(),
-            value: value.into(),
-            ..Default::default()
-        })),
-    }
 }
 
 /// Records a Txn's outcome (succeeded or the error) without revisions, which differ.
@@ -296,7 +287,7 @@ async fn nospace_alarm_matches_etcd() {
             s,
             "txn with a put while alarmed",
             TxnRequest {
-                success: vec![put_op("a", "3")],
+                success: vec![ops::put(b"a", b"3", 0)],
                 ..Default::default()
             },
         )
@@ -305,7 +296,7 @@ async fn nospace_alarm_matches_etcd() {
             s,
             "txn with a put only in failure",
             TxnRequest {
-                failure: vec![put_op("a", "3")],
+                failure: vec![ops::put(b"a", b"3", 0)],
                 ..Default::default()
             },
         )

@@ -31,6 +31,7 @@ use cetera::proto::etcdserverpb::{
     DeleteRangeRequest, PutRequest, RequestOp, TxnRequest, WatchCreateRequest,
     request_op::Request as Op,
 };
+use cetera::proto::ops;
 use common::{Side, differential};
 use tokio_stream::StreamExt as _;
 
@@ -57,26 +58,6 @@ fn range(key: &[u8], range_end: &[u8]) -> WatchCreateRequest {
 /// A watch on every key (`"\0"` to `"\0"`), as `etcdctl watch --prefix ""` sends.
 fn everything() -> WatchCreateRequest {
     range(b"\0", b"\0")
-}
-
-fn put_op(key: &[u8], value: &[u8]) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestPut(PutRequest {
-            key: key.to_vec(),
-            value: value.to_vec(),
-            ..Default::default()
-        })),
-    }
-}
-
-fn delete_op(key: &[u8], range_end: &[u8]) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestDeleteRange(DeleteRangeRequest {
-            key: key.to_vec(),
-            range_end: range_end.to_vec(),
-            ..Default::default()
-        })),
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -179,7 +160,7 @@ async fn historical_start_revisions() {
         s.put(b"a", b"2").await; // 4
         s.delete(b"b", b"").await; // 5
         let txn = TxnRequest {
-            success: vec![put_op(b"c", b"1"), put_op(b"d", b"1")],
+            success: vec![ops::put(b"c", b"1", 0), ops::put(b"d", b"1", 0)],
             ..Default::default()
         };
         s.txn("txn put c, d", txn).await; // 6
@@ -386,14 +367,14 @@ async fn filters() {
         s.delete(b"a", b"").await;
         s.recv(&mut ws, "DELETE goes to 0 only").await;
         let txn = TxnRequest {
-            success: vec![put_op(b"a", b"3"), delete_op(b"a", b"")],
+            success: vec![ops::put(b"a", b"3", 0), ops::delete(b"a")],
             ..Default::default()
         };
         // etcd refuses a put and a delete of one key in one txn; use two keys instead.
         s.txn("txn put a, delete a (refused)", txn).await;
         s.put(b"b", b"1").await;
         let txn = TxnRequest {
-            success: vec![put_op(b"a", b"4"), delete_op(b"b", b"")],
+            success: vec![ops::put(b"a", b"4", 0), ops::delete(b"b")],
             ..Default::default()
         };
         s.txn("txn put a, delete b", txn).await;
@@ -754,11 +735,15 @@ async fn txn_events_in_one_response() {
         s.recv(&mut ws, "created, sees part of the txn").await;
         let txn = TxnRequest {
             success: vec![
-                put_op(b"b", b"1"),
-                delete_op(b"c", b""),
-                put_op(b"a", b"1"),
-                delete_op(b"d", b"f"),
-                put_op(b"z", b"2"),
+                ops::put(b"b", b"1", 0),
+                ops::delete(b"c"),
+                ops::put(b"a", b"1", 0),
+                RequestOp::from(DeleteRangeRequest {
+                    key: b"d".to_vec(),
+                    range_end: b"f".to_vec(),
+                    ..Default::default()
+                }),
+                ops::put(b"z", b"2", 0),
             ],
             ..Default::default()
         };
@@ -770,14 +755,14 @@ async fn txn_events_in_one_response() {
         s.recv_sorted(&mut ws, 2, "delete everything: by key").await;
         let nested = TxnRequest {
             success: vec![
-                put_op(b"y", b"1"),
+                ops::put(b"y", b"1", 0),
                 RequestOp {
                     request: Some(Op::RequestTxn(TxnRequest {
-                        success: vec![put_op(b"x", b"1"), put_op(b"b", b"2")],
+                        success: vec![ops::put(b"x", b"1", 0), ops::put(b"b", b"2", 0)],
                         ..Default::default()
                     })),
                 },
-                put_op(b"w", b"1"),
+                ops::put(b"w", b"1", 0),
             ],
             ..Default::default()
         };

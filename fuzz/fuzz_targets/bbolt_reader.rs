@@ -2,7 +2,7 @@
 //! nested bucket it names is walked; an error, never a panic or a hang.
 #![no_main]
 
-use cetera::migrate::bbolt::Db;
+use cetera::bbolt::Db;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

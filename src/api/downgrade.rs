@@ -16,13 +16,10 @@
 
 use tonic::{Code, Status};
 
-use super::status_fields::major_minor;
+use super::version::{Minor, major_minor};
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::downgrade_request::DowngradeAction;
 use crate::store::{Store, StoreResult};
-
-/// A major.minor version, as etcd's cluster version keeps it.
-pub(super) type Minor = (u64, u64);
 
 /// Downgrade as a server of one emulated version answers it.
 pub(super) struct Downgrade {

@@ -16,15 +16,15 @@ use tonic::{Code, Request, Response, Status};
 use super::ServerInfo;
 use super::lock::txn_range_kvs;
 use super::prefix_queue::{
-    CleanupOnDrop, RevisionFeed, authorize_queue, contender_key, created_at, delete_op,
-    if_created_at, oldest_or_newest, put_op, queue_prefix, range_op, serve_queue_call,
-    session_lease, wait_deletes,
+    CleanupOnDrop, RevisionFeed, authorize_queue, contender_key, created_at, if_created_at,
+    oldest_or_newest, queue_prefix, serve_queue_call, session_lease, wait_deletes,
 };
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::range_request::SortOrder;
-use crate::proto::etcdserverpb::{RangeRequest, ResponseHeader, TxnRequest};
+use crate::proto::etcdserverpb::{RangeRequest, RequestOp, ResponseHeader, TxnRequest};
 use crate::proto::mvccpb::KeyValue;
 use crate::proto::mvccpb::event::EventType;
+use crate::proto::ops;
 use crate::proto::v3electionpb::election_server::Election;
 use crate::proto::v3electionpb::{
     CampaignRequest, CampaignResponse, LeaderKey, LeaderRequest, LeaderResponse, ProclaimRequest,
@@ -69,8 +69,8 @@ impl<B: Backend> ElectionService<B> {
         let key = contender_key(&prefix, lease);
         let join = TxnRequest {
             compare: vec![created_at(&key, 0)],
-            success: vec![put_op(&key, &req.value, lease)],
-            failure: vec![range_op(RangeRequest {
+            success: vec![ops::put(&key, &req.value, lease)],
+            failure: vec![RequestOp::from(RangeRequest {
                 key: key.clone(),
                 ..Default::default()
             })],
@@ -80,7 +80,7 @@ impl<B: Backend> ElectionService<B> {
         let mut leave = CleanupOnDrop::new(
             self.store.clone(),
             TxnRequest {
-                success: vec![delete_op(&key)],
+                success: vec![ops::delete(&key)],
                 ..Default::default()
             },
         );
@@ -99,7 +99,7 @@ impl<B: Backend> ElectionService<B> {
             if existing.value != req.value {
                 let proclaimed = self
                     .store
-                    .txn(if_created_at(&key, rev, put_op(&key, &req.value, lease)))
+                    .txn(if_created_at(&key, rev, ops::put(&key, &req.value, lease)))
                     .await;
                 match proclaimed {
                     Ok(resp) if !resp.succeeded => return Err(not_leader()),
@@ -107,7 +107,7 @@ impl<B: Backend> ElectionService<B> {
                     Err(error) => {
                         let _ = self
                             .store
-                            .txn(if_created_at(&key, rev, delete_op(&key)))
+                            .txn(if_created_at(&key, rev, ops::delete(&key)))
                             .await;
                         return Err(error.into());
                     }
@@ -117,7 +117,7 @@ impl<B: Backend> ElectionService<B> {
         // etcd resigns when the caller gives up waiting, and only then.
         let mut resign = CleanupOnDrop::new(
             self.store.clone(),
-            if_created_at(&key, rev, delete_op(&key)),
+            if_created_at(&key, rev, ops::delete(&key)),
         );
         let waited = wait_deletes(&self.store, &prefix, rev - 1, &self.stop).await;
         resign.disarm();
@@ -140,7 +140,7 @@ impl<B: Backend> ElectionService<B> {
         let txn = if_created_at(
             &leader.key,
             leader.rev,
-            put_op(&leader.key, &req.value, lease),
+            ops::put(&leader.key, &req.value, lease),
         );
         super::kv::check_txn(&txn, self.info.max_txn_ops)?;
         self.check_size(&txn)?;
@@ -157,7 +157,7 @@ impl<B: Backend> ElectionService<B> {
     async fn resign_inner(&self, req: ResignRequest) -> Result<ResignResponse, Status> {
         let leader = req.leader.ok_or_else(missing_leader_key)?;
         session_lease(&self.store, leader.lease).await?;
-        let txn = if_created_at(&leader.key, leader.rev, delete_op(&leader.key));
+        let txn = if_created_at(&leader.key, leader.rev, ops::delete(&leader.key));
         super::kv::check_txn(&txn, self.info.max_txn_ops)?;
         let resigned = self.store.txn(txn).await?;
         Ok(ResignResponse {

@@ -10,15 +10,17 @@ use tonic::{Code, Request, Response, Status};
 
 use super::ServerInfo;
 use super::prefix_queue::{
-    CleanupOnDrop, contender_key, created_at, delete_op, is_server_stopped, oldest_or_newest,
-    put_op, queue_prefix, range_op, serve_queue_call, session_lease, through_internal_client,
-    wait_deletes,
+    CleanupOnDrop, contender_key, created_at, is_server_stopped, oldest_or_newest, queue_prefix,
+    serve_queue_call, session_lease, through_internal_client, wait_deletes,
 };
 use crate::auth::perms::Access;
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::range_request::SortOrder;
 use crate::proto::etcdserverpb::response_op::Response as OpResponse;
-use crate::proto::etcdserverpb::{DeleteRangeRequest, RangeRequest, TxnRequest, TxnResponse};
+use crate::proto::etcdserverpb::{
+    DeleteRangeRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
+};
+use crate::proto::ops;
 use crate::proto::v3lockpb::lock_server::Lock;
 use crate::proto::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
 use crate::store::Store;
@@ -57,13 +59,13 @@ impl<B: Backend> LockService<B> {
         let lease = session_lease(&self.store, req.lease).await?;
         let prefix = queue_prefix(&req.name);
         let key = contender_key(&prefix, lease);
-        let owner = || range_op(oldest_or_newest(&prefix, SortOrder::Ascend, 0));
+        let owner = || RequestOp::from(oldest_or_newest(&prefix, SortOrder::Ascend, 0));
         // Join the queue, or find the key this lease already queued.
         let acquire = TxnRequest {
             compare: vec![created_at(&key, 0)],
-            success: vec![put_op(&key, b"", lease), owner()],
+            success: vec![ops::put(&key, b"", lease), owner()],
             failure: vec![
-                range_op(RangeRequest {
+                RequestOp::from(RangeRequest {
                     key: key.clone(),
                     ..Default::default()
                 }),
@@ -76,7 +78,7 @@ impl<B: Backend> LockService<B> {
         let mut unlock = CleanupOnDrop::new(
             self.store.clone(),
             TxnRequest {
-                success: vec![delete_op(&key)],
+                success: vec![ops::delete(&key)],
                 ..Default::default()
             },
         );

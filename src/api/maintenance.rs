@@ -21,7 +21,8 @@ use crate::proto::etcdserverpb::{
 };
 use crate::raft::HandoverError;
 use crate::store::Store;
-use crate::store::alarm::{self, AlarmChange};
+use crate::store::alarm;
+use crate::store::request::AlarmChange;
 
 /// The Maintenance service on a store.
 pub struct MaintenanceService<B: Backend> {

@@ -14,6 +14,7 @@ pub mod lock;
 pub mod maintenance;
 mod prefix_queue;
 mod status_fields;
+mod version;
 pub mod watch;
 
 use std::sync::Arc;
@@ -67,7 +68,7 @@ impl ServerInfo {
     /// Whether the emulated etcd is 3.6 or later, whose checks and fields
     /// some answers follow.
     pub fn emulates_36(&self) -> bool {
-        status_fields::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
+        version::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
     }
 
     /// The Raft term: the cluster's, or a single node's constant one.

@@ -18,10 +18,8 @@ use crate::auth::perms::Access;
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::proto::etcdserverpb::range_request::{SortOrder, SortTarget};
-use crate::proto::etcdserverpb::request_op::Request as Op;
 use crate::proto::etcdserverpb::{
-    Compare, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RangeResponse,
-    RequestOp, ResponseHeader, TxnRequest,
+    Compare, LeaseGrantRequest, RangeRequest, RangeResponse, RequestOp, ResponseHeader, TxnRequest,
 };
 use crate::proto::mvccpb::event::EventType;
 use crate::store::hub::RevisionEvents;
@@ -97,35 +95,6 @@ pub fn created_at(key: &[u8], revision: i64) -> Compare {
         key: key.to_vec(),
         target_union: Some(TargetUnion::CreateRevision(revision)),
         range_end: Vec::new(),
-    }
-}
-
-/// A txn op putting `key = value` with `lease`.
-pub fn put_op(key: &[u8], value: &[u8], lease: i64) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestPut(PutRequest {
-            key: key.to_vec(),
-            value: value.to_vec(),
-            lease,
-            ..Default::default()
-        })),
-    }
-}
-
-/// A txn op reading `range`.
-pub fn range_op(range: RangeRequest) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestRange(range)),
-    }
-}
-
-/// A txn op deleting `key`.
-pub fn delete_op(key: &[u8]) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestDeleteRange(DeleteRangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        })),
     }
 }
 

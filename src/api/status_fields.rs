@@ -3,18 +3,11 @@
 //! when cetera emulates one of those versions; a 3.5 has no such fields.
 
 use super::downgrade::DowngradeView;
+use super::version::major_minor;
 use crate::proto::etcdserverpb::{DowngradeInfo, StatusResponse};
 
 /// etcd's default --quota-backend-bytes (2 GiB), which Status reports for 0.
 const DEFAULT_QUOTA_BYTES: i64 = 2 * 1024 * 1024 * 1024;
-
-/// The major and minor number of a version such as `3.6.11` or `v3.7.0-rc.1`.
-pub(super) fn major_minor(version: &str) -> Option<(u64, u64)> {
-    let mut parts = version.trim_start_matches('v').split(['.', '-', '+']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
-}
 
 /// The storage version a server of `version` reports (in Status and
 /// Snapshot), empty before 3.6: etcd keeps it at the cluster version's

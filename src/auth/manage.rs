@@ -14,7 +14,7 @@ use super::perms::is_valid_permission_range;
 use super::{Auth, AuthError, AuthState, Caller, ROOT_ROLE, ROOT_USER};
 use crate::backend::{AuthKind, Backend};
 use crate::proto::authpb::{Permission, Role, User, UserAddOptions};
-use crate::store::writer::AuthWrite;
+use crate::store::request::AuthWrite;
 use crate::store::{Store, StoreError};
 
 /// Times a change is computed again when the state moved meanwhile.

@@ -1,7 +1,7 @@
 //! `cetera migrate --from etcd-snapshot:///path/file.db`: imports a snapshot
 //! file written by `etcdctl snapshot save` (a bbolt database, usually with a
 //! SHA-256 trailer) or an etcd member's `member/snap/db`, read with the small
-//! reader in `bbolt`.
+//! reader in `crate::bbolt`.
 //!
 //! etcd's `key` bucket holds one record per change, keyed by revision (8-byte
 //! big-endian main, '_', 8-byte big-endian sub, and a trailing 't' for a
@@ -22,11 +22,12 @@ use anyhow::{Context, bail};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use super::bbolt::Db;
 use super::{Imported, Migrated};
 use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION};
 use crate::backend::snapshot::empty_target;
 use crate::backend::{AuthKind, Backend, LeaseRow, LogEntry, Revisions, WriteTxn};
+use crate::bbolt::Db;
+use crate::bbolt::records::LeaseRecord;
 use crate::proto::mvccpb::KeyValue;
 use crate::store::hash::LiveKeysHasher;
 
@@ -36,25 +37,6 @@ pub const SCHEME: &str = "etcd-snapshot://";
 /// The file named by an `etcd-snapshot://PATH` source, if `from` is one.
 pub fn snapshot_path(from: &str) -> Option<&Path> {
     from.strip_prefix(SCHEME).map(Path::new)
-}
-
-/// etcd's leasepb.Lease, as stored in the `lease` bucket (read here,
-/// written by `bbolt_snapshot`).
-#[derive(Clone, PartialEq, Message)]
-pub(super) struct LeaseRecord {
-    #[prost(int64, tag = "1")]
-    pub(super) id: i64,
-    #[prost(int64, tag = "2")]
-    pub(super) ttl: i64,
-    /// Set only by etcd's lease checkpoints; 0 (left out) otherwise.
-    #[prost(int64, tag = "3")]
-    pub(super) remaining_ttl: i64,
-}
-
-/// True if `start` (a file's first bytes) is a bbolt meta page, as etcd's
-/// snapshots and data files begin.
-pub fn is_bbolt(start: &[u8]) -> bool {
-    start.get(16..20) == Some(&super::bbolt::MAGIC.to_le_bytes()[..])
 }
 
 /// The bbolt bytes of a snapshot file: a trailer (when the size is 32 more
@@ -413,8 +395,8 @@ mod tests {
 
     /// A small snapshot written by cetera's writer (buckets as etcd's).
     fn sample_snapshot() -> Vec<u8> {
-        use crate::migrate::bbolt_writer::BboltWriter;
-        use crate::store::mvcc_record::{entry_key, entry_value, revision_key};
+        use crate::bbolt::records::{entry_key, entry_value, revision_key};
+        use crate::bbolt::writer::BboltWriter;
         let mut writer = BboltWriter::new(std::io::Cursor::new(Vec::new())).unwrap();
         let mut key = writer.bucket();
         for revision in 2..400i64 {

@@ -19,12 +19,12 @@ use super::log_store::LogStore;
 use super::membership::ask_leader;
 use super::network::{Method, PeerError, Peers};
 use super::peer::{JoinRequest, Joined, PeerService, Refusal};
-use super::proposal::{Command, Proposal, Waiters};
+use super::proposal::{Proposal, Waiters};
 use super::state_machine::StateMachine;
 use super::{Member, Raft};
 use crate::backend::Backend;
 use crate::proto::ceterapb::peer_server::PeerServer;
-use crate::store::writer::{WriteRequest, WriteResponse};
+use crate::store::request::{WriteRequest, WriteResponse};
 use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
 
 /// How long a write or a linearizable read may take before it fails with
@@ -587,18 +587,18 @@ impl Replication for Cluster {
         at_ms: i64,
     ) -> BoxFuture<'_, StoreResult<WriteResponse>> {
         Box::pin(async move {
-            let Some(command) = Command::of(&request) else {
+            if !request.is_replicated() {
                 // Local housekeeping is never proposed (see Writes).
                 return Err(StoreError::Internal(
                     "a local write was proposed to the cluster".to_string(),
                 ));
-            };
+            }
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let proposal = Proposal {
                 origin: self.id,
                 seq,
                 at_ms,
-                command,
+                request,
             };
             let answer = self.waiters.wait(seq);
             let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {

@@ -1,24 +1,22 @@
 //! What goes in the replicated log, and how answers find their way back.
 //!
-//! A `Proposal` is one write request (etcd messages kept in their protobuf
-//! encoding) with the time it was made, so that every member computes the
-//! same lease deadlines, and the id of the member and call that made it. The
-//! member that made it waits for its own state machine to apply the entry:
-//! the answer is the one its local store gave, so a follower's client also
-//! reads its own write afterwards.
+//! A `Proposal` is one write request, the store's own `WriteRequest` (its
+//! serde form, etcd messages kept in their protobuf encoding, is the log's
+//! entry format: see `crate::store::request`), with the time it was made, so
+//! that every member computes the same lease deadlines, and the id of the
+//! member and call that made it. The member that made it waits for its own
+//! state machine to apply the entry: the answer is the one its local store
+//! gave, so a follower's client also reads its own write afterwards.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::{LogId, StoredMembership};
-use crate::backend::AuthKind;
 use crate::store::StoreResult;
-use crate::store::alarm::AlarmChange;
-use crate::store::writer::{AuthWrite, WriteRequest, WriteResponse};
+use crate::store::request::{WriteRequest, WriteResponse};
 
 /// One write in the replicated log.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -29,146 +27,8 @@ pub struct Proposal {
     pub seq: u64,
     /// When it was made, in Unix milliseconds: lease deadlines count from it.
     pub at_ms: i64,
-    /// The request.
-    pub command: Command,
-}
-
-/// A write request, with etcd's messages in their protobuf encoding (kept as
-/// byte strings, not sequences of numbers, in the log and on the wire).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum Command {
-    /// etcd Put.
-    Put(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// etcd DeleteRange.
-    DeleteRange(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// etcd Txn.
-    Txn(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// etcd LeaseGrant (with its id chosen).
-    LeaseGrant(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// etcd LeaseRevoke.
-    LeaseRevoke(i64),
-    /// One etcd LeaseKeepAlive.
-    LeaseKeepAlive(i64),
-    /// The leader found the lease's deadline passed.
-    LeaseExpire(i64),
-    /// etcd Compact.
-    Compact(i64),
-    /// A change of users, roles or the auth switch (`AuthWrite`).
-    Auth {
-        /// The auth switch and revision it was computed from.
-        read: (bool, u64),
-        /// The auth switch after it.
-        enabled: bool,
-        /// The auth revision after it.
-        revision: u64,
-        /// (user: true / role: false, name, record or None to remove).
-        records: Vec<(bool, Vec<u8>, Option<Vec<u8>>)>,
-    },
-    /// etcd Alarm ACTIVATE (or DEACTIVATE).
-    Alarm {
-        /// Raise (true) or disarm.
-        activate: bool,
-        /// The member the alarm is for.
-        member_id: u64,
-        /// etcdserverpb.AlarmType number.
-        alarm: i32,
-    },
-}
-
-impl Command {
-    /// The command for `request`; None for the writer's local housekeeping,
-    /// which is not replicated.
-    pub fn of(request: &WriteRequest) -> Option<Command> {
-        Some(match request {
-            WriteRequest::Put(req) => Command::Put(req.encode_to_vec()),
-            WriteRequest::DeleteRange(req) => Command::DeleteRange(req.encode_to_vec()),
-            WriteRequest::Txn(req) => Command::Txn(req.encode_to_vec()),
-            WriteRequest::LeaseGrant(req) => Command::LeaseGrant(req.encode_to_vec()),
-            WriteRequest::LeaseRevoke(id) => Command::LeaseRevoke(*id),
-            WriteRequest::LeaseKeepAlive(id) => Command::LeaseKeepAlive(*id),
-            WriteRequest::LeaseExpire(id) => Command::LeaseExpire(*id),
-            WriteRequest::Compact(revision) => Command::Compact(*revision),
-            WriteRequest::Alarm {
-                change,
-                member_id,
-                alarm,
-            } => Command::Alarm {
-                activate: *change == AlarmChange::Activate,
-                member_id: *member_id,
-                alarm: *alarm,
-            },
-            WriteRequest::Auth(change) => Command::Auth {
-                read: change.read,
-                enabled: change.enabled,
-                revision: change.revision,
-                records: change
-                    .records
-                    .iter()
-                    .map(|(kind, name, record)| {
-                        (*kind == AuthKind::User, name.clone(), record.clone())
-                    })
-                    .collect(),
-            },
-            WriteRequest::CompactStep | WriteRequest::Nothing => return None,
-            // Cluster members do not serve Downgrade (src/api/downgrade.rs).
-            WriteRequest::Downgrade { .. } => return None,
-        })
-    }
-
-    /// The request to apply. An entry that does not decode (which every
-    /// member would see alike) applies as nothing.
-    pub fn request(&self) -> WriteRequest {
-        let decoded = match self {
-            Command::Put(bytes) => Message::decode(&bytes[..]).map(WriteRequest::Put),
-            Command::DeleteRange(bytes) => {
-                Message::decode(&bytes[..]).map(WriteRequest::DeleteRange)
-            }
-            Command::Txn(bytes) => Message::decode(&bytes[..]).map(WriteRequest::Txn),
-            Command::LeaseGrant(bytes) => Message::decode(&bytes[..]).map(WriteRequest::LeaseGrant),
-            Command::LeaseRevoke(id) => Ok(WriteRequest::LeaseRevoke(*id)),
-            Command::LeaseKeepAlive(id) => Ok(WriteRequest::LeaseKeepAlive(*id)),
-            Command::LeaseExpire(id) => Ok(WriteRequest::LeaseExpire(*id)),
-            Command::Compact(revision) => Ok(WriteRequest::Compact(*revision)),
-            Command::Auth {
-                read,
-                enabled,
-                revision,
-                records,
-            } => Ok(WriteRequest::Auth(AuthWrite {
-                read: *read,
-                enabled: *enabled,
-                revision: *revision,
-                records: records
-                    .iter()
-                    .map(|(user, name, record)| {
-                        let kind = if *user {
-                            AuthKind::User
-                        } else {
-                            AuthKind::Role
-                        };
-                        (kind, name.clone(), record.clone())
-                    })
-                    .collect(),
-            })),
-            Command::Alarm {
-                activate,
-                member_id,
-                alarm,
-            } => Ok(WriteRequest::Alarm {
-                change: if *activate {
-                    AlarmChange::Activate
-                } else {
-                    AlarmChange::Deactivate
-                },
-                member_id: *member_id,
-                alarm: *alarm,
-            }),
-        };
-        decoded.unwrap_or_else(|error| {
-            tracing::error!("a log entry does not decode, applying it as nothing: {error}");
-            WriteRequest::Nothing
-        })
-    }
+    /// The request (one that `WriteRequest::is_replicated`).
+    pub request: WriteRequest,
 }
 
 /// Where the state machine stored up to: the last applied entry and the
@@ -224,5 +84,201 @@ impl Waiters {
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<StoreResult<WriteResponse>>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The log's entries as members before this type wrote them (a mirror
+    //! enum, `Command`, frozen here as that format) must read the same, and
+    //! new entries must be what those members read.
+
+    use prost::Message;
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::backend::AuthKind;
+    use crate::proto::etcdserverpb::{
+        Compare, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RequestOp, TxnRequest, compare,
+        request_op,
+    };
+    use crate::store::request::{AlarmChange, AuthWrite};
+
+    /// The proposal as written up to 205a14b.
+    #[derive(Serialize, Deserialize)]
+    struct OldProposal {
+        origin: u64,
+        seq: u64,
+        at_ms: i64,
+        command: Command,
+    }
+
+    /// The request as written up to 205a14b.
+    #[derive(Serialize, Deserialize)]
+    enum Command {
+        Put(#[serde(with = "serde_bytes")] Vec<u8>),
+        DeleteRange(#[serde(with = "serde_bytes")] Vec<u8>),
+        Txn(#[serde(with = "serde_bytes")] Vec<u8>),
+        LeaseGrant(#[serde(with = "serde_bytes")] Vec<u8>),
+        LeaseRevoke(i64),
+        LeaseKeepAlive(i64),
+        LeaseExpire(i64),
+        Compact(i64),
+        Auth {
+            read: (bool, u64),
+            enabled: bool,
+            revision: u64,
+            records: Vec<(bool, Vec<u8>, Option<Vec<u8>>)>,
+        },
+        Alarm {
+            activate: bool,
+            member_id: u64,
+            alarm: i32,
+        },
+    }
+
+    /// Each replicated request, and the old command it was written as.
+    fn pairs() -> Vec<(WriteRequest, Command)> {
+        let put = PutRequest {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            lease: 7,
+            prev_kv: true,
+            ..Default::default()
+        };
+        let delete = DeleteRangeRequest {
+            key: b"a".to_vec(),
+            range_end: b"b".to_vec(),
+            ..Default::default()
+        };
+        let txn = TxnRequest {
+            compare: vec![Compare {
+                key: b"k".to_vec(),
+                target: compare::CompareTarget::Version as i32,
+                target_union: Some(compare::TargetUnion::Version(3)),
+                ..Default::default()
+            }],
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestPut(put.clone())),
+            }],
+            failure: vec![],
+        };
+        let grant = LeaseGrantRequest { ttl: 60, id: 42 };
+        let records = vec![
+            (AuthKind::User, b"root".to_vec(), Some(b"user".to_vec())),
+            (AuthKind::Role, b"reader".to_vec(), None),
+        ];
+        vec![
+            (
+                WriteRequest::Put(put.clone()),
+                Command::Put(put.encode_to_vec()),
+            ),
+            (
+                WriteRequest::DeleteRange(delete.clone()),
+                Command::DeleteRange(delete.encode_to_vec()),
+            ),
+            (
+                WriteRequest::Txn(txn.clone()),
+                Command::Txn(txn.encode_to_vec()),
+            ),
+            (
+                WriteRequest::LeaseGrant(grant),
+                Command::LeaseGrant(grant.encode_to_vec()),
+            ),
+            (WriteRequest::LeaseRevoke(-5), Command::LeaseRevoke(-5)),
+            (WriteRequest::LeaseKeepAlive(9), Command::LeaseKeepAlive(9)),
+            (WriteRequest::LeaseExpire(11), Command::LeaseExpire(11)),
+            (WriteRequest::Compact(300), Command::Compact(300)),
+            (
+                WriteRequest::Auth(AuthWrite {
+                    read: (false, 3),
+                    enabled: true,
+                    revision: 4,
+                    records,
+                }),
+                Command::Auth {
+                    read: (false, 3),
+                    enabled: true,
+                    revision: 4,
+                    records: vec![
+                        (true, b"root".to_vec(), Some(b"user".to_vec())),
+                        (false, b"reader".to_vec(), None),
+                    ],
+                },
+            ),
+            (
+                WriteRequest::Alarm {
+                    change: AlarmChange::Activate,
+                    member_id: 2,
+                    alarm: 1,
+                },
+                Command::Alarm {
+                    activate: true,
+                    member_id: 2,
+                    alarm: 1,
+                },
+            ),
+            (
+                WriteRequest::Alarm {
+                    change: AlarmChange::Deactivate,
+                    member_id: u64::MAX,
+                    alarm: 2,
+                },
+                Command::Alarm {
+                    activate: false,
+                    member_id: u64::MAX,
+                    alarm: 2,
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn entries_keep_the_format_of_the_mirror_enum() {
+        for (request, command) in pairs() {
+            let old = postcard::to_stdvec(&OldProposal {
+                origin: 1,
+                seq: 2,
+                at_ms: 3,
+                command,
+            })
+            .unwrap();
+            let proposal = Proposal {
+                origin: 1,
+                seq: 2,
+                at_ms: 3,
+                request,
+            };
+            let new = postcard::to_stdvec(&proposal).unwrap();
+            assert_eq!(new, old, "{proposal:?} is written as before");
+            let read: Proposal = postcard::from_bytes(&old).unwrap();
+            assert_eq!(
+                format!("{read:?}"),
+                format!("{proposal:?}"),
+                "old entry reads"
+            );
+        }
+    }
+
+    #[test]
+    fn local_requests_are_not_replicated() {
+        for request in [
+            WriteRequest::CompactStep,
+            WriteRequest::Nothing,
+            WriteRequest::Downgrade {
+                expected: 0,
+                target: 1,
+            },
+        ] {
+            assert!(!request.is_replicated());
+            let proposal = Proposal {
+                origin: 1,
+                seq: 2,
+                at_ms: 3,
+                request,
+            };
+            assert!(postcard::to_stdvec(&proposal).is_err());
+        }
+        assert!(pairs().iter().all(|(request, _)| request.is_replicated()));
     }
 }

@@ -15,7 +15,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, St
 use super::proposal::{Mark, Waiters};
 use super::{LogId, StorageError, StoredMembership, TypeConfig, any_error};
 use crate::backend::Backend;
-use crate::store::writer::{WriteRequest, WriteResponse};
+use crate::store::request::{WriteRequest, WriteResponse};
 use crate::store::{Identity, LocalWriter, Store, StoreError};
 
 type Entry = openraft::Entry<TypeConfig>;
@@ -147,7 +147,7 @@ impl<B: Backend> RaftStateMachine<TypeConfig> for StateMachine<B> {
             let (request, at_ms, seq) = match entry.payload {
                 EntryPayload::Normal(proposal) => {
                     let seq = (proposal.origin == self.member_id).then_some(proposal.seq);
-                    (proposal.command.request(), proposal.at_ms, seq)
+                    (proposal.request, proposal.at_ms, seq)
                 }
                 EntryPayload::Membership(membership) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), membership);

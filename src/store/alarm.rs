@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::error::{StoreError, StoreResult};
-use super::writer::WriteRequest;
+use super::request::{AlarmChange, WriteRequest};
 use crate::backend::{AlarmRow, Backend, WriteTxn};
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{AlarmType, PutRequest, RequestOp, TxnRequest};
@@ -164,15 +164,6 @@ pub fn refusal(alarms: &[AlarmRow], request: &WriteRequest) -> Option<StoreError
         }
     }
     None
-}
-
-/// What an Alarm request asks the writer to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AlarmChange {
-    /// Raise the alarm.
-    Activate,
-    /// Disarm the alarm.
-    Deactivate,
 }
 
 /// Applies Alarm ACTIVATE or DEACTIVATE as etcd's applier does, answering

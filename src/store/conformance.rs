@@ -651,7 +651,7 @@ pub async fn downgrade_target_is_set_only_from_the_one_expected<B: Backend>(t: T
 pub async fn alarms_are_stored_and_refuse_writes<B: Backend>(t: TestStore<B>) {
     use crate::backend::AlarmRow;
     use crate::proto::etcdserverpb::AlarmType;
-    use crate::store::alarm::AlarmChange;
+    use crate::store::request::AlarmChange;
     let nospace = AlarmType::Nospace as i32;
     let corrupt = AlarmType::Corrupt as i32;
     // Member ids are unsigned in etcd; the largest must survive a signed column.

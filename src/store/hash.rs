@@ -1,7 +1,7 @@
 //! Hash and HashKV.
 //!
 //! HashKV is etcd's: a CRC-32C (Castagnoli) of the bucket name `key`, then
-//! the bbolt key and value (`mvcc_record`) of every record etcd's HashByRev
+//! the bbolt key and value (`crate::bbolt::records`) of every record etcd's HashByRev
 //! (3.5, server/mvcc/kvstore.go) takes, in (revision, sub) order: each row
 //! with a revision in `(compact, rev]`, tombstones included, and below that
 //! the rows compaction keeps that are still each key's latest change at
@@ -18,17 +18,11 @@
 //! Rows are read page by page. Only the (mod revision, key) of the keys
 //! unchanged since the compact revision are held, as etcd holds its keep map.
 
-use std::collections::HashSet;
-
 use sha2::{Digest, Sha256};
 
 use super::error::{StoreError, StoreResult};
-use super::mvcc_record::{entry_key, entry_value};
-use crate::backend::LOG_PAGE_REVISIONS;
-use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn};
-
-/// Keys read per range query.
-const KEY_PAGE: usize = 1000;
+use crate::backend::{LogEntry, ReadAt, ReadTxn};
+use crate::bbolt::records::{entry_key, entry_value, for_each_log_entry, unchanged_keys};
 
 /// etcd's HashKV digest being built.
 struct EtcdHasher(u32);
@@ -82,25 +76,6 @@ impl CanonicalHasher {
         let digest = self.0.finalize();
         u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
     }
-}
-
-/// Feeds every log row with `after < revision <= through` to `each`, in
-/// (revision, sub) order, one page of revisions at a time.
-pub(crate) async fn for_each_log_entry<T: ReadTxn>(
-    txn: &mut T,
-    after: i64,
-    through: i64,
-    mut each: impl FnMut(LogEntry),
-) -> StoreResult<()> {
-    let mut from = after.max(0);
-    while from < through {
-        let to = (from + LOG_PAGE_REVISIONS).min(through);
-        for entry in txn.log_entries(from, to).await? {
-            each(entry);
-        }
-        from = to;
-    }
-    Ok(())
 }
 
 /// The result of HashKV.
@@ -189,41 +164,8 @@ async fn hash_kept_rows<T: ReadTxn>(
             hasher.entry(&entry);
         }
     })
-    .await
-}
-
-/// The (mod revision, key) of every key alive at `at` whose latest change
-/// is at or below `compact`, and whether any key at all is alive at `at`.
-pub(crate) async fn unchanged_keys<T: ReadTxn>(
-    txn: &mut T,
-    at: ReadAt,
-    compact: i64,
-) -> StoreResult<(HashSet<(i64, Vec<u8>)>, bool)> {
-    let mut kept = HashSet::new();
-    let mut any_alive = false;
-    let mut keys = KeyRange {
-        start: Vec::new(),
-        end: None,
-    };
-    loop {
-        let page = txn.range(&keys, at, KEY_PAGE, true).await?;
-        any_alive |= !page.is_empty();
-        let next = match page.last() {
-            Some(last) if page.len() == KEY_PAGE => {
-                let mut next = last.key.clone();
-                next.push(0);
-                Some(next)
-            }
-            _ => None,
-        };
-        for kv in page.into_iter().filter(|kv| kv.mod_revision <= compact) {
-            kept.insert((kv.mod_revision, kv.key));
-        }
-        match next {
-            Some(next) => keys.start = next,
-            None => return Ok((kept, any_alive)),
-        }
-    }
+    .await?;
+    Ok(())
 }
 
 /// The HashKV that the store would have if it were compacted at its current

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::StoreResult;
-use super::writer::{Queued, WriteRequest, WriteResponse};
+use super::error::StoreResult;
+use super::request::{Queued, WriteRequest, WriteResponse};
 use crate::backend::settings::LEASE_RENEWALS_COVERED_UNTIL;
 use crate::backend::{Backend, BackendResult, LeaseRow, ReadTxn, WriteTxn};
 use crate::proto::etcdserverpb::LeaseKeepAliveResponse;

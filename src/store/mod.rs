@@ -8,7 +8,7 @@
 
 pub mod alarm;
 mod apply;
-pub mod auto_compaction;
+mod background;
 #[cfg(test)]
 mod conformance;
 mod count_cache;
@@ -17,30 +17,30 @@ pub mod hash;
 mod history;
 pub mod hub;
 mod lease_deadlines;
-pub mod mvcc_record;
 mod publisher;
 pub mod range;
 pub mod range_stream;
 mod replica;
+pub mod request;
+mod routing;
 mod settings;
-pub mod writer;
+mod writer;
 
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use self::alarm::{AlarmChange, Quota};
-pub use self::auto_compaction::AutoCompaction;
+use self::alarm::Quota;
+pub use self::background::auto_compaction::{self, AutoCompaction};
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::lease_deadlines::LeaseDeadlines;
 use self::publisher::Publisher;
-pub(crate) use self::settings::read_auth_flags;
-use self::writer::{Queued, WriteRequest, WriteResponse};
+use self::request::{AlarmChange, Answer, AuthWrite, Queued, WriteRequest};
+use self::routing::Writes;
+pub use self::routing::{BoxFuture, LocalWriter, Replication};
 use crate::backend::{AlarmRow, Backend, DatabaseSize, LeaseRow, ReadTxn, Revisions, WriteTxn};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
@@ -78,94 +78,14 @@ pub struct StoreOptions {
     pub keep_alives_in_memory: bool,
 }
 
-/// A boxed future, for the object-safe `Replication`.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A replicated log that decides the order of a cluster's writes and applies
-/// them on every member (`crate::raft`). A store without one writes alone.
-pub trait Replication: Send + Sync + 'static {
-    /// Puts `request`, made at `at_ms` (Unix milliseconds), in the log, and
-    /// answers once this member has applied it.
-    fn propose(
-        &self,
-        request: WriteRequest,
-        at_ms: i64,
-    ) -> BoxFuture<'_, StoreResult<WriteResponse>>;
-
-    /// Waits until this member has applied every write committed before the
-    /// call: the barrier in front of a linearizable read.
-    fn read_barrier(&self) -> BoxFuture<'_, StoreResult<()>>;
-
-    /// Whether this member leads: the leader alone expires leases and runs
-    /// automatic compaction, through the log.
-    fn leads(&self) -> bool;
-}
-
-/// The replicated log of a store, once it joined one.
-type ReplicationSlot = Arc<OnceLock<Arc<dyn Replication>>>;
-
-/// Where writes go: to the replicated log when there is one, else straight
-/// to the local writer. Background jobs hold a weak handle on the writer
-/// queue, so that shutdown is not kept waiting for them.
-#[derive(Clone)]
-pub(crate) struct Writes {
-    queue: mpsc::WeakSender<Queued>,
-    replication: ReplicationSlot,
-}
-
-impl Writes {
-    /// Sends `request` the way this store's writes go.
-    pub(crate) async fn send(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
-        match self.replication.get() {
-            Some(replication) => replication.propose(request, apply::now_ms()).await,
-            None => {
-                let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
-                write_through(&queue, request).await
-            }
-        }
-    }
-
-    /// Whether this member decides cluster-wide writes of its own (lease
-    /// expiry, automatic compaction): always when alone, when leading in a
-    /// cluster.
-    pub(crate) fn decides(&self) -> bool {
-        self.replication.get().is_none_or(|r| r.leads())
-    }
-}
-
-/// The local writer, for a replicated log applying its entries here.
-#[derive(Clone)]
-pub struct LocalWriter {
-    queue: mpsc::WeakSender<Queued>,
-}
-
-impl LocalWriter {
-    /// Queues `request` (with the time it was made and the log position it
-    /// brings the store to) and returns where its answer will come.
-    pub async fn queue(
-        &self,
-        request: WriteRequest,
-        at_ms: i64,
-        mark: Vec<u8>,
-    ) -> StoreResult<oneshot::Receiver<StoreResult<WriteResponse>>> {
-        let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
-        let (reply, answer) = oneshot::channel();
-        let queued = Queued {
-            request,
-            at_ms,
-            mark: Some(mark),
-            reply,
-        };
-        queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
-        Ok(answer)
-    }
-}
-
 /// An etcd key-value store on a database.
 pub struct Store<B: Backend> {
     backend: Arc<B>,
+    /// The writer's queue, held open while the store is (`Writes` and
+    /// `LocalWriter` hold it weakly).
     queue: mpsc::Sender<Queued>,
-    replication: ReplicationSlot,
+    /// Where writes go.
+    writes: Writes,
     revisions: watch::Receiver<Revisions>,
     publisher: Arc<Publisher<B>>,
     cluster_id: u64,
@@ -212,35 +132,18 @@ impl<B: Backend> Store<B> {
             publisher.clone(),
             lease_deadlines.clone(),
         );
-        let replication = ReplicationSlot::default();
-        let writes = Writes {
-            queue: queue.downgrade(),
-            replication: replication.clone(),
-        };
-        let compactor = tokio::spawn(compactor(
-            backend.clone(),
-            queue.downgrade(),
-            revisions.clone(),
-        ));
-        let lease_expirer = tokio::spawn(lease_expirer(backend.clone(), writes.clone()));
-        let mut background = vec![compactor, lease_expirer];
-        if let Some(mode) = options.auto_compaction {
-            background.push(tokio::spawn(auto_compaction::run(
-                mode,
-                backend.clone(),
-                writes,
-                revisions.clone(),
-            )));
-        }
-        let poller = tokio::spawn(poll_other_instances(
-            backend.clone(),
+        let writes = Writes::new(&queue);
+        let background = background::start(
+            &backend,
+            &writes,
+            &revisions,
             Arc::downgrade(&publisher),
-        ));
-        background.push(poller);
+            options.auto_compaction,
+        );
         Ok(Store {
             backend,
             queue,
-            replication,
+            writes,
             revisions,
             publisher,
             cluster_id: identity.cluster_id,
@@ -275,16 +178,12 @@ impl<B: Backend> Store<B> {
     /// Sends every later write through `replication`, which applies them here
     /// through `local_writer`. Done once, right after opening.
     pub fn replicate_through(&self, replication: Arc<dyn Replication>) {
-        if self.replication.set(replication).is_err() {
-            tracing::warn!("the store already has a replicated log");
-        }
+        self.writes.replicate_through(replication);
     }
 
     /// The local writer, for the replicated log's entries.
     pub fn local_writer(&self) -> LocalWriter {
-        LocalWriter {
-            queue: self.queue.downgrade(),
-        }
+        LocalWriter::new(&self.queue)
     }
 
     /// Publishes to watchers (and to `revisions`) whatever the database holds
@@ -369,11 +268,11 @@ impl<B: Backend> Store<B> {
     }
 
     /// Writes an etcd v3 snapshot (bbolt) of one consistent view of the
-    /// store to `path` (see `crate::migrate::bbolt_snapshot`).
+    /// store to `path` (see `crate::bbolt::snapshot`).
     pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
         let mut txn = self.backend.read().await?;
         let file = std::io::BufWriter::new(std::fs::File::create(path)?);
-        let file = crate::migrate::bbolt_snapshot::write(&mut txn, file).await?;
+        let file = crate::bbolt::snapshot::write(&mut txn, file).await?;
         file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         Ok(())
     }
@@ -442,10 +341,7 @@ impl<B: Backend> Store<B> {
     /// In replicated mode, waits until this member has applied every write
     /// committed so far (etcd's linearizable read).
     pub async fn read_barrier(&self) -> StoreResult<()> {
-        match self.replication.get() {
-            Some(replication) => replication.read_barrier().await,
-            None => Ok(()),
-        }
+        self.writes.read_barrier().await
     }
 
     /// etcd LeaseGrant.
@@ -545,8 +441,8 @@ impl<B: Backend> Store<B> {
     }
 
     /// Stores a change of users, roles or the auth switch (see
-    /// `writer::AuthWrite`), through the replicated log in a cluster.
-    pub async fn change_auth(&self, change: writer::AuthWrite) -> StoreResult<()> {
+    /// `AuthWrite`), through the replicated log in a cluster.
+    pub async fn change_auth(&self, change: AuthWrite) -> StoreResult<()> {
         self.write_for(WriteRequest::Auth(change)).await
     }
 
@@ -607,7 +503,7 @@ impl<B: Backend> Store<B> {
             alarm: crate::proto::etcdserverpb::AlarmType::Nospace as i32,
         };
         // As in etcd, the request is refused whether or not raising worked.
-        if let Err(error) = self.write(raise).await {
+        if let Err(error) = self.writes.send(raise).await {
             tracing::warn!("cannot raise the NOSPACE alarm: {error}");
         }
         Err(StoreError::NoSpace)
@@ -636,21 +532,14 @@ impl<B: Backend> Store<B> {
     }
 
     /// Writes `request` and takes its answer out of the writer's reply.
-    async fn write_for<A: writer::Answer>(&self, request: WriteRequest) -> StoreResult<A> {
-        let response = self.write(request).await?;
+    async fn write_for<A: Answer>(&self, request: WriteRequest) -> StoreResult<A> {
+        let response = self.writes.send(request).await?;
         A::from_response(response).ok_or_else(|| {
             StoreError::Internal(format!(
                 "the writer's answer is not a {}",
                 std::any::type_name::<A>()
             ))
         })
-    }
-
-    async fn write(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
-        match self.replication.get() {
-            Some(replication) => replication.propose(request, apply::now_ms()).await,
-            None => write_through(&self.queue, request).await,
-        }
     }
 
     /// Stops accepting writes, lets the writer finish what is queued, and waits
@@ -677,143 +566,6 @@ impl<B: Backend> Drop for Store<B> {
     fn drop(&mut self) {
         for task in &self.background {
             task.abort();
-        }
-    }
-}
-
-async fn write_through(
-    queue: &mpsc::Sender<Queued>,
-    request: WriteRequest,
-) -> StoreResult<WriteResponse> {
-    let (reply, answer) = oneshot::channel();
-    let queued = Queued {
-        request,
-        at_ms: apply::now_ms(),
-        mark: None,
-        reply,
-    };
-    queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
-    answer.await.map_err(|_| StoreError::Stopped)?
-}
-
-/// Database-wide lock of the instance that removes compacted history.
-const COMPACTION_LOCK: &str = "cetera-compaction";
-/// Database-wide lock of the instance that expires leases.
-const LEASE_EXPIRY_LOCK: &str = "cetera-lease-expiry";
-
-/// Least time between two `Backend::reclaim_compacted` calls.
-const RECLAIM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Removes compacted history step by step whenever the compact revision is
-/// ahead of what was removed, on one instance at a time, then lets the
-/// backend reclaim the space. Holds only a weak handle on the queue so that
-/// shutdown is not kept waiting for it.
-async fn compactor<B: Backend>(
-    backend: Arc<B>,
-    queue: mpsc::WeakSender<Queued>,
-    mut revisions: watch::Receiver<Revisions>,
-) {
-    let mut last_reclaim: Option<std::time::Instant> = None;
-    loop {
-        if revisions
-            .wait_for(|r| r.compacted_through < r.compact)
-            .await
-            .is_err()
-        {
-            return;
-        }
-        if !holds(&*backend, COMPACTION_LOCK).await {
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            continue;
-        }
-        let Some(queue) = queue.upgrade() else { return };
-        match write_through(&queue, WriteRequest::CompactStep).await {
-            Ok(_) => {
-                let caught_up = {
-                    let r = revisions.borrow();
-                    r.compacted_through >= r.compact
-                };
-                // Once per finished compaction, and at most every
-                // RECLAIM_INTERVAL when compactions come back to back.
-                if caught_up && last_reclaim.is_none_or(|at| at.elapsed() >= RECLAIM_INTERVAL) {
-                    last_reclaim = Some(std::time::Instant::now());
-                    if let Err(error) = backend.reclaim_compacted().await {
-                        tracing::warn!("cannot reclaim compacted space: {error:#}");
-                    }
-                }
-            }
-            Err(StoreError::Stopped) => return,
-            Err(error) => {
-                tracing::warn!("compaction step failed, retrying: {error}");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
-/// How often expired leases are looked for, as etcd's lessor does.
-const LEASE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Revokes leases whose deadline passed: each in its own revision, through
-/// the writer, which checks the deadline again in case of a late keep-alive.
-/// In a cluster only the leader does, through the replicated log.
-async fn lease_expirer<B: Backend>(backend: Arc<B>, writes: Writes) {
-    let mut tick = tokio::time::interval(LEASE_CHECK_INTERVAL);
-    loop {
-        tick.tick().await;
-        if !writes.decides() || !holds(&*backend, LEASE_EXPIRY_LOCK).await {
-            continue;
-        }
-        let expired = match backend.read().await {
-            Ok(mut txn) => txn.expired_leases(apply::now_ms(), 1000).await,
-            Err(error) => Err(error),
-        };
-        let expired = match expired {
-            Ok(expired) => expired,
-            Err(error) => {
-                tracing::warn!("cannot look for expired leases: {error:#}");
-                continue;
-            }
-        };
-        for id in expired {
-            match writes.send(WriteRequest::LeaseExpire(id)).await {
-                Ok(_) => tracing::debug!(lease = id, "lease expired"),
-                Err(StoreError::Stopped) => return,
-                // Under the CORRUPT alarm leases do not expire, as in etcd.
-                Err(StoreError::Corrupt) => break,
-                Err(error) => tracing::warn!(lease = id, "cannot expire lease: {error}"),
-            }
-        }
-    }
-}
-
-/// Whether this instance holds the database-wide lock `name` (taking it if free).
-async fn holds<B: Backend>(backend: &B, name: &str) -> bool {
-    match backend.hold_lock(name).await {
-        Ok(held) => held,
-        Err(error) => {
-            tracing::warn!(lock = name, "cannot check the database lock: {error:#}");
-            false
-        }
-    }
-}
-
-/// Publishes other instances' commits whenever the backend says there may be
-/// some, and within the poll interval at the latest. Never wakes on a
-/// database only this instance writes.
-async fn poll_other_instances<B: Backend>(
-    backend: Arc<B>,
-    publisher: std::sync::Weak<Publisher<B>>,
-) {
-    let mut changes = backend.change_feed();
-    loop {
-        changes.next().await;
-        let Some(publisher) = publisher.upgrade() else {
-            return;
-        };
-        if let Err(error) = publisher.poll().await {
-            tracing::warn!("cannot read other instances' revisions: {error:#}");
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }
 }

@@ -9,11 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cetera_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use cetera_proto::etcdserverpb::request_op::Request as Op;
 use cetera_proto::etcdserverpb::response_op::Response as OpResponse;
-use cetera_proto::etcdserverpb::{
-    CompactionRequest, Compare, PutRequest, RangeRequest, RequestOp, TxnRequest,
-};
+use cetera_proto::etcdserverpb::{CompactionRequest, Compare, TxnRequest};
+use cetera_proto::ops;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -87,9 +85,6 @@ pub fn spawn(
 /// `Txn{[VERSION(compact_rev_key) = version], success = [Put(compact_rev_key,
 /// revision)], failure = [Get(compact_rev_key)]}`.
 fn elect(version: i64, revision: i64) -> TxnRequest {
-    let op = |request| RequestOp {
-        request: Some(request),
-    };
     TxnRequest {
         compare: vec![Compare {
             result: CompareResult::Equal as i32,
@@ -98,15 +93,12 @@ fn elect(version: i64, revision: i64) -> TxnRequest {
             target_union: Some(TargetUnion::Version(version)),
             ..Default::default()
         }],
-        success: vec![op(Op::RequestPut(PutRequest {
-            key: COMPACT_REV_KEY.to_vec(),
-            value: revision.to_string().into_bytes(),
-            ..Default::default()
-        }))],
-        failure: vec![op(Op::RequestRange(RangeRequest {
-            key: COMPACT_REV_KEY.to_vec(),
-            ..Default::default()
-        }))],
+        success: vec![ops::put(
+            COMPACT_REV_KEY,
+            revision.to_string().as_bytes(),
+            0,
+        )],
+        failure: vec![ops::get(COMPACT_REV_KEY)],
     }
 }
 

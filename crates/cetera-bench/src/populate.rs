@@ -1,9 +1,7 @@
 //! Populate: writes every key of the key space, `--batch` puts per Txn, with the
 //! `--clients` workers. Scenarios that read call it first under `--populate`.
 
-use cetera_proto::etcdserverpb::{
-    PutRequest, RequestOp, TxnRequest, kv_client::KvClient, request_op::Request as Op,
-};
+use cetera_proto::etcdserverpb::{PutRequest, TxnRequest, kv_client::KvClient};
 use clap::Args;
 use tonic::transport::Channel;
 
@@ -30,12 +28,13 @@ impl Worker for Filler {
         let first = op * self.batch;
         let last = (first + self.batch).min(self.keys.space);
         let success = (first..last)
-            .map(|i| RequestOp {
-                request: Some(Op::RequestPut(PutRequest {
+            .map(|i| {
+                PutRequest {
                     key: self.keys.key(i),
                     value: self.keys.value(),
                     ..Default::default()
-                })),
+                }
+                .into()
             })
             .collect();
         let txn = TxnRequest {

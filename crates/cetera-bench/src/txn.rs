@@ -6,12 +6,11 @@
 use std::collections::HashMap;
 
 use cetera_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use cetera_proto::etcdserverpb::request_op::Request as Op;
 use cetera_proto::etcdserverpb::response_op::Response as OpResponse;
 use cetera_proto::etcdserverpb::{
-    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
-    kv_client::KvClient,
+    Compare, PutRequest, TxnRequest, TxnResponse, kv_client::KvClient,
 };
+use cetera_proto::ops;
 use rand::Rng;
 use rand::rngs::StdRng;
 use tonic::transport::Channel;
@@ -32,29 +31,19 @@ pub fn compare_mod(key: &[u8], revision: i64) -> Compare {
     }
 }
 
-fn op(request: Op) -> RequestOp {
-    RequestOp {
-        request: Some(request),
-    }
-}
-
-fn get(key: &[u8]) -> RequestOp {
-    op(Op::RequestRange(RangeRequest {
-        key: key.to_vec(),
-        ..Default::default()
-    }))
-}
-
 /// The apiserver's Create: `Txn{[MOD(key)=0], success=[Put{key,value,lease}]}`.
 pub fn create(key: &[u8], value: Vec<u8>, lease: i64) -> TxnRequest {
     TxnRequest {
         compare: vec![compare_mod(key, 0)],
-        success: vec![op(Op::RequestPut(PutRequest {
-            key: key.to_vec(),
-            value,
-            lease,
-            ..Default::default()
-        }))],
+        success: vec![
+            PutRequest {
+                key: key.to_vec(),
+                value,
+                lease,
+                ..Default::default()
+            }
+            .into(),
+        ],
         failure: vec![],
     }
 }
@@ -63,13 +52,16 @@ pub fn create(key: &[u8], value: Vec<u8>, lease: i64) -> TxnRequest {
 pub fn update(key: &[u8], value: Vec<u8>, lease: i64, revision: i64) -> TxnRequest {
     TxnRequest {
         compare: vec![compare_mod(key, revision)],
-        success: vec![op(Op::RequestPut(PutRequest {
-            key: key.to_vec(),
-            value,
-            lease,
-            ..Default::default()
-        }))],
-        failure: vec![get(key)],
+        success: vec![
+            PutRequest {
+                key: key.to_vec(),
+                value,
+                lease,
+                ..Default::default()
+            }
+            .into(),
+        ],
+        failure: vec![ops::get(key)],
     }
 }
 
@@ -77,11 +69,8 @@ pub fn update(key: &[u8], value: Vec<u8>, lease: i64, revision: i64) -> TxnReque
 pub fn delete(key: &[u8], revision: i64) -> TxnRequest {
     TxnRequest {
         compare: vec![compare_mod(key, revision)],
-        success: vec![op(Op::RequestDeleteRange(DeleteRangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        }))],
-        failure: vec![get(key)],
+        success: vec![ops::delete(key)],
+        failure: vec![ops::get(key)],
     }
 }
 

@@ -6,8 +6,9 @@
 //! so no system `protoc` is needed.
 //!
 //! The server re-exports this crate as `cetera::proto`; `cetera-bench` uses
-//! its clients directly. The packages are sibling modules so that generated
-//! cross-package paths such as `super::mvccpb::KeyValue` resolve.
+//! its clients directly; `ops` builds the ops a Txn carries, for both and
+//! for the server's tests. The packages are sibling modules so that
+//! generated cross-package paths such as `super::mvccpb::KeyValue` resolve.
 
 /// Stored key-values and watch events.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -44,3 +45,6 @@ pub mod v3electionpb {
 pub mod ceterapb {
     tonic::include_proto!("ceterapb");
 }
+
+/// Builders of the ops a Txn carries.
+pub mod ops;

@@ -417,9 +417,7 @@ impl MysqlRead {
     ) -> BackendResult<CurrentRange> {
         if self.session.begin.is_none() {
             let conn = self.session.conn();
-            return query_current_range(conn, query)
-                .await
-                .map_err(|e| db_error(e).into());
+            return query_current_range(conn, query).await.map_err(db_error);
         }
         let mut attempts = 0;
         loop {

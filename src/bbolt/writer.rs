@@ -1,4 +1,4 @@
-//! A small writer of bbolt database files, beside the reader in `bbolt`:
+//! A small writer of bbolt database files, beside the reader in `reader`:
 //! enough to build, in one pass, a file whose buckets are written in key
 //! order, as an etcd snapshot is. It writes what bbolt 1.3 reads (and what
 //! `bbolt check`, which `etcdutl snapshot status` runs, accepts): full leaf
@@ -16,7 +16,7 @@ use std::io::{Seek, SeekFrom, Write};
 
 use anyhow::{Context, bail};
 
-use super::bbolt::{
+use super::reader::{
     BRANCH_PAGE, BUCKET_LEAF, ELEMENT, LEAF_PAGE, MAGIC, META_CHECKSUM_AT, PAGE_HEADER, fnv64a,
 };
 
@@ -222,7 +222,7 @@ impl<W: Write + Seek> BboltWriter<W> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::bbolt::Db;
+    use super::super::reader::Db;
     use super::*;
 
     /// Writes buckets large enough for branch pages and an overflowing

@@ -29,6 +29,12 @@ pub(super) const BUCKET_LEAF: u32 = 0x01;
 /// Offset of the checksum in a meta page's body (the fields before it are summed).
 pub(super) const META_CHECKSUM_AT: usize = 56;
 
+/// True if `start` (a file's first bytes) is a bbolt meta page, as etcd's
+/// snapshots and data files begin.
+pub fn is_bbolt(start: &[u8]) -> bool {
+    start.get(16..20) == Some(&MAGIC.to_le_bytes()[..])
+}
+
 /// An opened bbolt file, borrowed from its bytes.
 pub struct Db<'a> {
     data: &'a [u8],

@@ -16,10 +16,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::error::StoreError;
-use super::writer::WriteRequest;
-use super::{COMPACTION_LOCK, Writes, holds};
+use super::lock::{COMPACTION_LOCK, holds};
 use crate::backend::{Backend, Revisions};
+use crate::store::error::StoreError;
+use crate::store::request::WriteRequest;
+use crate::store::routing::Writes;
 
 /// How revisions are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

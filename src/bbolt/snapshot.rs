@@ -1,9 +1,9 @@
 //! The etcd v3 snapshot the Snapshot RPC streams: a bbolt file with etcd
-//! 3.5's buckets and records, written with `bbolt_writer` from one read
+//! 3.5's buckets and records, written with `writer` from one read
 //! transaction, so that `etcdutl snapshot status` and `snapshot restore`
 //! take it as they take etcd's own.
 //!
-//! - `key`: every log row, keyed and encoded as etcd (`store::mvcc_record`);
+//! - `key`: every log row, keyed and encoded as etcd (`records`);
 //!   at or below the compact revision only what etcd's compaction keeps
 //!   (each key alive there, at its latest change), even while cetera's
 //!   physical compaction is still on its way.
@@ -26,13 +26,13 @@ use std::io::{Seek, Write};
 
 use prost::Message;
 
-use super::bbolt_writer::{BboltWriter, BucketWriter};
-use super::etcd_snapshot::LeaseRecord;
+use super::records::{
+    LeaseRecord, entry_key, entry_value, for_each_log_entry, revision_key, unchanged_keys,
+};
+use super::writer::{BboltWriter, BucketWriter};
 use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION};
 use crate::backend::{AuthKind, ReadAt, ReadTxn};
 use crate::proto::etcdserverpb::AlarmMember;
-use crate::store::hash::{for_each_log_entry, unchanged_keys};
-use crate::store::mvcc_record::{entry_key, entry_value, revision_key};
 
 /// The cluster version etcd 3.5 records.
 const CLUSTER_VERSION: &[u8] = b"3.5.0";
@@ -185,7 +185,7 @@ mod tests {
     use super::*;
     use crate::backend::sqlite::Sqlite;
     use crate::backend::{Backend, LogEntry, Revisions, WriteTxn};
-    use crate::migrate::bbolt::Db;
+    use crate::bbolt::reader::Db;
     use crate::proto::mvccpb::KeyValue;
 
     fn put(key: &str, revision: i64, create: i64, version: i64) -> LogEntry {

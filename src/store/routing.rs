@@ -1,0 +1,139 @@
+//! Where a write goes: to the replicated log when the store joined one
+//! (`crate::raft`), else straight to the local writer's queue. The one place
+//! that rule is written; the store's calls and its background jobs all send
+//! through `Writes`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::apply;
+use super::error::{StoreError, StoreResult};
+use super::request::{Queued, WriteRequest, WriteResponse};
+
+/// A boxed future, for the object-safe `Replication`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A replicated log that decides the order of a cluster's writes and applies
+/// them on every member (`crate::raft`). A store without one writes alone.
+pub trait Replication: Send + Sync + 'static {
+    /// Puts `request`, made at `at_ms` (Unix milliseconds), in the log, and
+    /// answers once this member has applied it.
+    fn propose(
+        &self,
+        request: WriteRequest,
+        at_ms: i64,
+    ) -> BoxFuture<'_, StoreResult<WriteResponse>>;
+
+    /// Waits until this member has applied every write committed before the
+    /// call: the barrier in front of a linearizable read.
+    fn read_barrier(&self) -> BoxFuture<'_, StoreResult<()>>;
+
+    /// Whether this member leads: the leader alone expires leases and runs
+    /// automatic compaction, through the log.
+    fn leads(&self) -> bool;
+}
+
+/// Where writes go: to the replicated log when there is one, else straight
+/// to the local writer. Holds only a weak handle on the writer queue (the
+/// store holds the strong one), so that background jobs holding a `Writes`
+/// do not keep shutdown waiting.
+#[derive(Clone)]
+pub(crate) struct Writes {
+    queue: mpsc::WeakSender<Queued>,
+    replication: Arc<OnceLock<Arc<dyn Replication>>>,
+}
+
+impl Writes {
+    /// Writes into `queue` until a replicated log is set.
+    pub(super) fn new(queue: &mpsc::Sender<Queued>) -> Self {
+        Writes {
+            queue: queue.downgrade(),
+            replication: Arc::default(),
+        }
+    }
+
+    /// Sends every later write through `replication`. Done once, right
+    /// after opening.
+    pub(super) fn replicate_through(&self, replication: Arc<dyn Replication>) {
+        if self.replication.set(replication).is_err() {
+            tracing::warn!("the store already has a replicated log");
+        }
+    }
+
+    /// Sends `request` the way this store's writes go.
+    pub(crate) async fn send(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
+        match self.replication.get() {
+            Some(replication) => replication.propose(request, apply::now_ms()).await,
+            None => self.local(request).await,
+        }
+    }
+
+    /// Sends `request` to this member's writer alone: the writer's own
+    /// housekeeping (a compaction step), which is never replicated.
+    pub(super) async fn local(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
+        let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
+        let (reply, answer) = oneshot::channel();
+        let queued = Queued {
+            request,
+            at_ms: apply::now_ms(),
+            mark: None,
+            reply,
+        };
+        queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
+        answer.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    /// In replicated mode, waits until this member has applied every write
+    /// committed so far (etcd's linearizable read).
+    pub(super) async fn read_barrier(&self) -> StoreResult<()> {
+        match self.replication.get() {
+            Some(replication) => replication.read_barrier().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this member decides cluster-wide writes of its own (lease
+    /// expiry, automatic compaction): always when alone, when leading in a
+    /// cluster.
+    pub(crate) fn decides(&self) -> bool {
+        self.replication.get().is_none_or(|r| r.leads())
+    }
+}
+
+/// The local writer, for a replicated log applying its entries here.
+#[derive(Clone)]
+pub struct LocalWriter {
+    queue: mpsc::WeakSender<Queued>,
+}
+
+impl LocalWriter {
+    /// A writer that queues into `queue`, without holding it open.
+    pub(super) fn new(queue: &mpsc::Sender<Queued>) -> Self {
+        LocalWriter {
+            queue: queue.downgrade(),
+        }
+    }
+
+    /// Queues `request` (with the time it was made and the log position it
+    /// brings the store to) and returns where its answer will come.
+    pub async fn queue(
+        &self,
+        request: WriteRequest,
+        at_ms: i64,
+        mark: Vec<u8>,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<WriteResponse>>> {
+        let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
+        let (reply, answer) = oneshot::channel();
+        let queued = Queued {
+            request,
+            at_ms,
+            mark: Some(mark),
+            reply,
+        };
+        queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
+        Ok(answer)
+    }
+}
