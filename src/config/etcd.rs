@@ -314,12 +314,12 @@ const NO_EFFECT: &[(&str, Kind, &str)] = &[
     (
         "experimental-compaction-batch-limit",
         Value,
-        "compaction is one statement",
+        "cetera compacts in its own steps of 1000 revisions",
     ),
     (
         "experimental-compaction-sleep-interval",
         Value,
-        "compaction is one statement",
+        "cetera compacts in its own steps of 1000 revisions",
     ),
     ("experimental-downgrade-check-time", Value, "not applied"),
     ("experimental-warning-apply-duration", Value, "not applied"),
