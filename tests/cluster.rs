@@ -979,3 +979,268 @@ async fn auth_changes_apply_on_every_member() {
         .unwrap();
     root.put("x", "root's", None).await.unwrap();
 }
+
+/// A channel to member `i`'s etcd API.
+async fn member_channel(cluster: &Cluster, i: usize) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(cluster.members[i].endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// `message` with etcd's require-leader metadata (clientv3.WithRequireLeader).
+fn requiring_leader<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("hasleader", "true".parse().unwrap());
+    request
+}
+
+type Status = (tonic::Code, String);
+
+fn status_of(status: tonic::Status) -> Status {
+    (status.code(), status.message().to_string())
+}
+
+fn no_leader() -> Status {
+    (
+        tonic::Code::Unavailable,
+        "etcdserver: no leader".to_string(),
+    )
+}
+
+/// Opens a watch on `key` on `channel`, with or without the require-leader
+/// metadata: its responses once created, or the error that refused it.
+async fn open_watch(
+    channel: &tonic::transport::Channel,
+    key: &str,
+    require_leader: bool,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<cetera::proto::etcdserverpb::WatchRequest>,
+        tonic::Streaming<cetera::proto::etcdserverpb::WatchResponse>,
+    ),
+    Status,
+> {
+    use cetera::proto::etcdserverpb::watch_client::WatchClient;
+    use cetera::proto::etcdserverpb::{WatchCreateRequest, WatchRequest, watch_request};
+    let (requests, outbound) = tokio::sync::mpsc::channel(4);
+    let create = WatchRequest {
+        request_union: Some(watch_request::RequestUnion::CreateRequest(
+            WatchCreateRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            },
+        )),
+    };
+    requests.send(create).await.unwrap();
+    let outbound = tokio_stream::wrappers::ReceiverStream::new(outbound);
+    let request = if require_leader {
+        requiring_leader(outbound)
+    } else {
+        tonic::Request::new(outbound)
+    };
+    let mut responses = WatchClient::new(channel.clone())
+        .watch(request)
+        .await
+        .map_err(status_of)?
+        .into_inner();
+    match responses.message().await {
+        Ok(Some(created)) => assert!(created.created),
+        Ok(None) => panic!("the watch ended before it was created"),
+        Err(status) => return Err(status_of(status)),
+    }
+    Ok((requests, responses))
+}
+
+/// How a stream ends within `within`: its error, or None if it goes on.
+async fn ending<T>(stream: &mut tonic::Streaming<T>, within: Duration) -> Option<Status> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => return None,
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => return Some((tonic::Code::Ok, "ended".to_string())),
+            Ok(Err(status)) => return Some(status_of(status)),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_a_leader_ends_streams_that_require_one() {
+    use cetera::proto::etcdserverpb::kv_client::KvClient;
+    use cetera::proto::etcdserverpb::lease_client::LeaseClient;
+    use cetera::proto::etcdserverpb::{LeaseGrantRequest, LeaseKeepAliveRequest, RangeRequest};
+
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+    let channel = member_channel(&cluster, follower).await;
+
+    // With a leader, the metadata changes nothing.
+    let (_keep, mut required) = open_watch(&channel, "w", true).await.unwrap();
+    let (_keep_plain, mut plain) = open_watch(&channel, "w", false).await.unwrap();
+    let lease = LeaseClient::new(channel.clone())
+        .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let (keep_alive_requests, outbound) = tokio::sync::mpsc::channel(4);
+    keep_alive_requests
+        .send(LeaseKeepAliveRequest { id: lease })
+        .await
+        .unwrap();
+    let mut keep_alives = LeaseClient::new(channel.clone())
+        .lease_keep_alive(requiring_leader(
+            tokio_stream::wrappers::ReceiverStream::new(outbound),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(keep_alives.message().await.unwrap().unwrap().id, lease);
+    let range = || RangeRequest {
+        key: b"w".to_vec(),
+        serializable: true,
+        ..Default::default()
+    };
+    KvClient::new(channel.clone())
+        .range(requiring_leader(range()))
+        .await
+        .unwrap();
+
+    // Cut off from its peers, the follower has no leader: after about three
+    // election timeouts (etcd: 3 x 1 s) its streams that require one end
+    // with etcd's error; the others stay open.
+    cluster.isolate(follower);
+    let cut_at = Instant::now();
+    assert_eq!(
+        ending(&mut required, Duration::from_secs(15)).await,
+        Some(no_leader())
+    );
+    let ended_after = cut_at.elapsed();
+    assert!(
+        ended_after >= Duration::from_secs(2),
+        "ended {ended_after:?} after the cut"
+    );
+    assert_eq!(
+        ending(&mut keep_alives, Duration::from_secs(2)).await,
+        Some(no_leader())
+    );
+    assert_eq!(ending(&mut plain, Duration::from_millis(200)).await, None);
+    // New ones are refused, and so are calls that require a leader; the
+    // others are served.
+    assert_eq!(
+        open_watch(&channel, "w", true).await.err(),
+        Some(no_leader())
+    );
+    let refused = KvClient::new(channel.clone())
+        .range(requiring_leader(range()))
+        .await
+        .map(|_| ())
+        .map_err(status_of);
+    assert_eq!(refused, Err(no_leader()));
+    KvClient::new(channel.clone())
+        .range(range())
+        .await
+        .expect("a serializable read without the metadata");
+    assert!(open_watch(&channel, "w", false).await.is_ok());
+
+    // Healed: once it hears from the leader, it takes them again.
+    cluster.heal(follower);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (_keep, mut required) = loop {
+        match open_watch(&channel, "w", true).await {
+            Ok(watch) => break watch,
+            Err(refusal) => {
+                assert_eq!(refusal, no_leader());
+                assert!(Instant::now() < deadline, "still no leader after healing");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    member_client(&cluster, leader)
+        .await
+        .put("w", "after", None)
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), required.message())
+        .await
+        .expect("an event")
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.events.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_that_cannot_catch_up_fails_and_changes_nothing() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let mut c = member_client(&cluster, leader).await;
+    for i in 0..20 {
+        c.put(format!("k{i:02}"), "v", None).await.unwrap();
+    }
+    let members_before = c.member_list().await.unwrap().members().len();
+
+    // The newcomer reaches the leader, but the leader cannot reach it.
+    let newcomer = cluster.plan_member();
+    cluster.cut_inbound(newcomer);
+    let started = Instant::now();
+    let log = cluster
+        .try_start_member(newcomer)
+        .await
+        .expect_err("a member the leader cannot reach joined");
+    assert!(
+        log.contains("the leader could not bring this member up to date"),
+        "{log}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // The membership is as it was, and the cluster keeps its fault
+    // tolerance: with one member down, writes go on.
+    let members = c.member_list().await.unwrap();
+    assert_eq!(members.members().len(), members_before, "{members:?}");
+    assert!(members.members().iter().all(|m| !m.is_learner()));
+    let down = (leader + 1) % 3;
+    cluster.members[down].kill();
+    let mut c = client(&cluster.endpoints()).await;
+    c.put("after", "v", None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+    let term_before = status(&cluster.members[leader].endpoint())
+        .await
+        .unwrap()
+        .raft_term;
+    let leader_id = cluster.member_id(leader).await;
+
+    cluster.isolate(follower);
+    // Long enough for openraft's own elections to raise the term ten times.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let mut c = member_client(&cluster, leader).await;
+    cluster.heal(follower);
+    let mut slowest = Duration::ZERO;
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut i = 0;
+    while Instant::now() < until {
+        let started = Instant::now();
+        c.put(format!("back-{i}"), "v", None).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+        i += 1;
+    }
+    eprintln!("slowest of {i} writes after the member came back: {slowest:?}");
+    converges(&cluster, follower, leader, "back-").await;
+    for member in 0..3 {
+        let shown = status(&cluster.members[member].endpoint()).await.unwrap();
+        assert_eq!(
+            (shown.leader, shown.raft_term),
+            (leader_id, term_before),
+            "member {member}: the leader or the term changed"
+        );
+    }
+}

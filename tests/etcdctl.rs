@@ -448,7 +448,7 @@ fn status_row(line: &mut Line) -> Result<(), String> {
 
 /// `{"header": …, "members": [{"ID", "name", "peerURLs", "clientURLs"}]}`: one member,
 /// whose ID is the header's member_id; its client URL (normalized to `http://<addr>`)
-/// is compared, its peer URLs are not.
+/// is compared; it must show one peer URL, which differs.
 fn member_list_json(line: &mut Line) -> Result<(), String> {
     let json = line.json()?;
     let member_id = json.at_mut(&["header", "member_id"])?.clone();
@@ -464,8 +464,12 @@ fn member_list_json(line: &mut Line) -> Result<(), String> {
             "member ID {id} is not the header's member_id {member_id}"
         ));
     }
-    members[0].remove("peerURLs").ok();
-    Ok(())
+    // Each shows one peer URL (etcd's, a single cetera server's
+    // --advertise-peer-url or peer listen address); they differ.
+    match members[0].remove("peerURLs")? {
+        Json::Arr(urls) if urls.len() == 1 => Ok(()),
+        urls => Err(format!("peerURLs {urls}, want one")),
+    }
 }
 
 /// Replaces the given columns of a `, `-separated text line with `<masked>`.

@@ -507,7 +507,23 @@ async fn maintenance_and_cluster_for_etcdctl() {
     let me = &members.members()[0];
     assert_eq!(me.id(), header.member_id());
     assert_eq!(me.client_urls(), [server.endpoint()]);
+    // The peer URL it would found a cluster with (the default peer listen address).
+    assert_eq!(me.peer_urls(), ["http://127.0.0.1:2380"]);
     assert_eq!(members.header().unwrap().cluster_id(), header.cluster_id());
+    // etcd's one-member cluster takes a second member; a single cetera
+    // server becomes a cluster only when restarted with --cluster-init.
+    for learner in [false, true] {
+        let options = learner.then(|| etcd_client::MemberAddOptions::new().with_is_learner());
+        let refused = c
+            .member_add(["http://127.0.0.1:2390"], options)
+            .await
+            .unwrap_err();
+        let etcd_client::Error::GRpcStatus(status) = refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains("--cluster-init"), "{status:?}");
+    }
 
     // Ids are chosen once and survive a restart.
     let mut server = server;

@@ -552,3 +552,163 @@ async fn defragment_and_disarm_reenable_writes() {
     .await
     .expect("a write after defragment and disarm");
 }
+
+/// A size-limited tmpfs mounted on a temporary folder, unmounted when dropped.
+struct SmallFileSystem {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFileSystem {
+    /// Mounts a tmpfs of `size` (mount's syntax, e.g. `16m`); None (with a
+    /// warning) where this process may not mount one (not root).
+    fn mount(size: &str) -> Option<SmallFileSystem> {
+        let dir = tempfile::Builder::new()
+            .prefix("cetera-full-")
+            .tempdir()
+            .unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status();
+        if !mounted.is_ok_and(|status| status.success()) {
+            eprintln!("WARNING: cannot mount a tmpfs (not root?): SKIPPING the full-disk test");
+            return None;
+        }
+        Some(SmallFileSystem { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFileSystem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// A put of `size` bytes under `key`, as a code and message.
+async fn put_outcome(kv: &mut KvClient<Channel>, key: &str, size: usize) -> (tonic::Code, String) {
+    let put = PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: vec![b'x'; size],
+        ..Default::default()
+    };
+    match kv.put(put).await {
+        Ok(_) => (tonic::Code::Ok, String::new()),
+        Err(status) => (status.code(), status.message().to_string()),
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_raises_nospace_and_recovers_after_a_disarm() {
+    // SQLite on a small file system; the other backends' disks are not ours to fill.
+    if std::env::var("CETERA_TEST_BACKEND").is_ok_and(|b| b != "sqlite") {
+        return;
+    }
+    let Some(disk) = SmallFileSystem::mount("16m") else {
+        return;
+    };
+    // Room to free later, as an operator would.
+    let ballast = disk.path().join("ballast");
+    std::fs::write(&ballast, vec![0u8; 2 << 20]).unwrap();
+    let datastore = disk.path().join("state.db");
+    let server = Cetera::start_on(&datastore.display().to_string()).await;
+    let channel = common::channel(&server.endpoint()).await;
+    let mut kv = KvClient::new(channel.clone());
+    let mut maintenance = MaintenanceClient::new(channel.clone());
+    let no_space = (
+        tonic::Code::ResourceExhausted,
+        "etcdserver: mvcc: database space exceeded".to_string(),
+    );
+
+    // Filled up: the datastore's "disk full" is etcd's NOSPACE.
+    let mut written = 0;
+    let refused = loop {
+        let outcome = put_outcome(&mut kv, &format!("fill/{}", written % 50), 64 << 10).await;
+        if outcome.0 != tonic::Code::Ok {
+            break outcome;
+        }
+        written += 1;
+        assert!(written < 1000, "16 MB took {written} writes of 64 KiB");
+    };
+    assert_eq!(refused, no_space, "after {written} writes");
+    assert_eq!(put_outcome(&mut kv, "small", 1).await, no_space);
+    let alarms = maintenance
+        .alarm(AlarmRequest {
+            action: AlarmAction::Get as i32,
+            member_id: 0,
+            alarm: AlarmType::None as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let member_id = alarms.header.as_ref().unwrap().member_id;
+    assert_eq!(alarms.alarms.len(), 1, "{alarms:?}");
+    assert_eq!(alarms.alarms[0].alarm, AlarmType::Nospace as i32);
+    assert_eq!(alarms.alarms[0].member_id, member_id);
+    // Reads go on.
+    let read = kv
+        .range(RangeRequest {
+            key: b"fill/".to_vec(),
+            range_end: b"fill0".to_vec(),
+            count_only: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.count, written.min(50) as i64);
+    // Compact and Defragment answer within the client's deadline.
+    let revision = read.header.unwrap().revision;
+    let mut compact = tonic::Request::new(CompactionRequest {
+        revision,
+        physical: true,
+    });
+    compact.set_timeout(std::time::Duration::from_secs(10));
+    let started = std::time::Instant::now();
+    let compacted = kv.compact(compact).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(9));
+    if let Err(status) = &compacted {
+        assert_eq!(
+            (status.code(), status.message().to_string()),
+            no_space,
+            "{status:?}"
+        );
+    }
+    let mut defragment = tonic::Request::new(DefragmentRequest {});
+    defragment.set_timeout(std::time::Duration::from_secs(10));
+    let started = std::time::Instant::now();
+    let defragmented = maintenance.defragment(defragment).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(9));
+    if let Err(status) = &defragmented {
+        assert_eq!(
+            (status.code(), status.message().to_string()),
+            no_space,
+            "{status:?}"
+        );
+    }
+
+    // Space freed and the alarm disarmed: writes go on, without a restart.
+    std::fs::remove_file(&ballast).unwrap();
+    assert_eq!(put_outcome(&mut kv, "small", 1).await, no_space);
+    let disarmed = maintenance
+        .alarm(AlarmRequest {
+            action: AlarmAction::Deactivate as i32,
+            member_id,
+            alarm: AlarmType::Nospace as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(disarmed.alarms.len(), 1, "{disarmed:?}");
+    assert_eq!(
+        put_outcome(&mut kv, "small", 1).await,
+        (tonic::Code::Ok, String::new())
+    );
+    drop(server);
+}

@@ -34,7 +34,7 @@ impl ClusterService {
             None => vec![Member {
                 id: self.info.identity.member_id,
                 name: self.info.name.clone(),
-                peer_ur_ls: Vec::new(),
+                peer_ur_ls: vec![self.info.peer_url.clone()],
                 client_ur_ls: self.info.client_urls.clone(),
                 is_learner: false,
             }],
@@ -81,11 +81,14 @@ fn membership_status(error: MembershipError) -> Status {
     Status::new(code, format!("etcdserver: {error}"))
 }
 
-/// A single server has no other members to change.
+/// A single server has no other members to change. etcd would take the
+/// change (a one-member cluster accepts a second member); a single cetera
+/// server is not a Raft member and becomes one only when restarted with
+/// --cluster-init, so the change fails its precondition.
 fn single_server() -> Status {
-    Status::unimplemented(
-        "cetera: a single server has no members to change; start a replicated cluster with \
-         --cluster-init and --join",
+    Status::failed_precondition(
+        "cetera: a single server has no members to change; restart it with --cluster-init \
+         (it keeps its data), then start the new member with --join",
     )
 }
 

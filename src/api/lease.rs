@@ -9,6 +9,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
+use super::require_leader::end_without_leader;
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::lease_server::Lease;
 use crate::proto::etcdserverpb::{
@@ -77,6 +78,7 @@ impl<B: Backend> Lease for LeaseService<B> {
         let store = self.store.clone();
         let info = self.info.clone();
         let (metadata, extensions, requests) = request.into_parts();
+        let require_leader = metadata.clone();
         let credentials = Arc::new((metadata, extensions));
         // Answered one at a time, in order; the stream ends with the client's side.
         let responses = requests.map_while(Result::ok).then(move |req| {
@@ -94,7 +96,11 @@ impl<B: Backend> Lease for LeaseService<B> {
                 Ok(resp)
             }
         });
-        Ok(Response::new(Box::pin(responses)))
+        Ok(Response::new(Box::pin(end_without_leader(
+            self.info.cluster.as_ref(),
+            &require_leader,
+            Box::pin(responses),
+        ))))
     }
 
     async fn lease_time_to_live(

@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
 use super::go_decode::watch_request_error;
+use super::require_leader::end_without_leader;
 use crate::backend::Backend;
 use crate::metrics::{GaugeGuard, metrics};
 use crate::proto::etcdserverpb::{WatchRequest, WatchResponse};
@@ -75,6 +76,7 @@ impl<B: Backend> WatchService<B> {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
         let (metadata, extensions, requests) = request.into_parts();
+        let require_leader = metadata.clone();
         let deadline = grpc_timeout(&metadata).map(|timeout| Instant::now() + timeout);
         let (out, responses) = mpsc::channel(OUTBOUND_RESPONSES);
         let info = self.info.clone();
@@ -99,6 +101,7 @@ impl<B: Backend> WatchService<B> {
                 response
             })
         });
+        let responses = end_without_leader(self.info.cluster.as_ref(), &require_leader, responses);
         Ok(Response::new(Box::pin(UntilDeadline {
             inner: responses,
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),

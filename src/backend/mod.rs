@@ -74,6 +74,51 @@ impl Unavailable {
     }
 }
 
+/// The database's storage is full: SQLite's SQLITE_FULL, PostgreSQL's
+/// disk_full (53100), MySQL's ER_RECORD_FILE_FULL (1114) or ER_DISK_FULL
+/// (1021), or ENOSPC from the file system. The store answers it as etcd
+/// answers a database over its quota: the NOSPACE alarm, and `mvcc: database
+/// space exceeded`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DiskFull(String);
+
+/// ENOSPC on Linux.
+const ENOSPC: i32 = 28;
+
+impl DiskFull {
+    /// An error with `message` that says the database's storage is full.
+    pub fn error(message: impl std::fmt::Display) -> BackendError {
+        anyhow::Error::new(DiskFull(message.to_string()))
+    }
+
+    /// Whether `error`, or an error it wraps, says the storage is full.
+    pub fn is(error: &BackendError) -> bool {
+        error.chain().any(|cause| {
+            if cause.is::<DiskFull>() {
+                return true;
+            }
+            if let Some(rusqlite::Error::SqliteFailure(failure, _)) =
+                cause.downcast_ref::<rusqlite::Error>()
+            {
+                return failure.code == rusqlite::ErrorCode::DiskFull;
+            }
+            if let Some(error) = cause.downcast_ref::<tokio_postgres::Error>() {
+                return error.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL);
+            }
+            if let Some(mysql_async::Error::Server(error)) =
+                cause.downcast_ref::<mysql_async::Error>()
+            {
+                return matches!(error.code, 1114 | 1021);
+            }
+            if let Some(error) = cause.downcast_ref::<std::io::Error>() {
+                return error.raw_os_error() == Some(ENOSPC);
+            }
+            false
+        })
+    }
+}
+
 /// A read at a revision whose rows a compaction removed after the read's
 /// snapshot began (a backend that keeps its key index outside the database's
 /// transactions can tell only then); the store answers it as etcd answers

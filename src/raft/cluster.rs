@@ -15,6 +15,7 @@ use openraft::{RaftMetrics, SnapshotPolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::election::{LeaderHeard, campaign_when_leaderless, monitor_leader};
 use super::log_store::LogStore;
 use super::membership::ask_leader;
 use super::network::{Method, PeerError, Peers};
@@ -32,6 +33,10 @@ use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request waits for an election to end before "no leader".
 pub(super) const LEADER_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a new member may take to apply the log it holds once the
+/// leader promoted it, before it serves clients.
+const JOIN_APPLY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How this member comes to be in a cluster.
 #[derive(Clone, Debug)]
@@ -132,6 +137,13 @@ pub struct Cluster {
     handing_over: AtomicBool,
     /// Writes on their way into the log through this member as leader.
     writing: AtomicUsize,
+    /// When this member last heard from a leader (see `election`).
+    leader_heard: LeaderHeard,
+    /// Counts the times streams that require a leader were ended for the
+    /// lack of one (see `election::monitor_leader`).
+    leader_streams_ended: watch::Sender<u64>,
+    /// The replicated log, as openraft keeps it.
+    log: LogStore,
 }
 
 /// Counts one write in `Cluster::writing` while it lives.
@@ -218,12 +230,20 @@ impl Cluster {
             max_payload_entries: 64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(10_000),
             max_in_snapshot_log_to_keep: 1000,
+            // Elections follow a pre-vote of cetera's own (see `election`).
+            enable_elect: false,
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(id, Arc::new(config), peers.clone(), log, state_machine)
-            .await
-            .context("cannot start Raft")?;
+        let raft = Raft::new(
+            id,
+            Arc::new(config),
+            peers.clone(),
+            log.clone(),
+            state_machine,
+        )
+        .await
+        .context("cannot start Raft")?;
         let cluster = Arc::new(Cluster {
             id,
             cluster_id: AtomicU64::new(store.identity().cluster_id),
@@ -237,8 +257,13 @@ impl Cluster {
             changing: tokio::sync::Mutex::new(()),
             handing_over: AtomicBool::new(false),
             writing: AtomicUsize::new(0),
+            leader_heard: LeaderHeard::default(),
+            leader_streams_ended: watch::Sender::new(0),
+            log,
         });
         tokio::spawn(report_leadership(id, cluster.metrics.clone()));
+        tokio::spawn(campaign_when_leaderless(Arc::downgrade(&cluster)));
+        tokio::spawn(monitor_leader(Arc::downgrade(&cluster)));
         // From here on, no write of this member's own (lease expiry,
         // compaction) may bypass the log, even while it is still joining.
         store.replicate_through(cluster.clone());
@@ -266,7 +291,23 @@ impl Cluster {
                         .cluster_id
                         .store(joined.cluster_id, Ordering::Relaxed);
                     store.replica().adopt_cluster_id(joined.cluster_id).await?;
-                    tracing::info!(member_id = format_args!("{id:x}"), "joined the cluster");
+                    cluster
+                        .raft
+                        .wait(Some(JOIN_APPLY_TIMEOUT))
+                        .applied_index_at_least(Some(joined.caught_up_to), "caught up")
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "joined, but did not apply the leader's log up to index {} \
+                                 within {JOIN_APPLY_TIMEOUT:?}",
+                                joined.caught_up_to
+                            )
+                        })?;
+                    tracing::info!(
+                        member_id = format_args!("{id:x}"),
+                        applied = joined.caught_up_to,
+                        "joined the cluster"
+                    );
                 }
             }
         }
@@ -312,6 +353,32 @@ impl Cluster {
     /// reads as leader (see `leadership`).
     pub(super) fn handing_over(&self) -> &AtomicBool {
         &self.handing_over
+    }
+
+    /// The replicated log.
+    pub(super) fn log(&self) -> &LogStore {
+        &self.log
+    }
+
+    /// Notes that the leader was heard from just now.
+    pub(super) fn heard_from_leader(&self) {
+        self.leader_heard.touch();
+    }
+
+    /// Whether the leader was heard from within `within`.
+    pub(super) fn heard_from_leader_within(&self, within: Duration) -> bool {
+        self.leader_heard.within(within)
+    }
+
+    /// Changes each time the streams that require a leader must end for the
+    /// lack of one: etcd's monitorLeader cancelling them.
+    pub fn leader_lost(&self) -> watch::Receiver<u64> {
+        self.leader_streams_ended.subscribe()
+    }
+
+    /// Ends the streams that require a leader (see `leader_lost`).
+    pub(super) fn end_leader_streams(&self) {
+        self.leader_streams_ended.send_modify(|ended| *ended += 1);
     }
 
     /// Writes on their way into the log through this member as leader.

@@ -45,7 +45,6 @@ impl Drop for Paused<'_> {
     fn drop(&mut self) {
         let cluster = self.0;
         cluster.raft().runtime_config().heartbeat(true);
-        cluster.raft().runtime_config().elect(true);
         cluster.handing_over().store(false, Ordering::SeqCst);
     }
 }
@@ -70,7 +69,6 @@ impl Cluster {
         let deadline = Instant::now() + HANDOVER_TIMEOUT;
         self.handing_over().store(true, Ordering::SeqCst);
         self.raft().runtime_config().heartbeat(false);
-        self.raft().runtime_config().elect(false);
         let _paused = Paused(self);
         // A write already on its way would lengthen the log after the
         // transferee caught up, and the transferee would lose the vote.

@@ -23,6 +23,13 @@ use super::peer::{JoinRequest, Joined, Refusal};
 
 /// How long a new member keeps asking to join.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+/// The leader gives up on a joining member whose peer service has answered
+/// nothing for this long while it catches up.
+const CATCH_UP_SILENCE: Duration = Duration::from_secs(10);
+/// The longest a joining member may take to catch up with the leader.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(600);
+/// How long a joining member waits for the leader's answer to its join.
+const JOIN_CALL_TIMEOUT: Duration = Duration::from_secs(660);
 /// How long a member waits to see a change the leader made for it.
 const MEMBERSHIP_SEEN: Duration = Duration::from_secs(2);
 /// etcd keeps at most this many learners (its MaxLearners).
@@ -254,6 +261,7 @@ impl Cluster {
         }
         let joined = Joined {
             cluster_id: self.cluster_id(),
+            caught_up_to: 0,
         };
         tracing::info!(member_id = format_args!("{:x}", join.id), member = %join.member, "adding a member");
         if known.is_some_and(|m| !m.started()) {
@@ -263,13 +271,86 @@ impl Cluster {
             return Ok(joined);
         }
         // Again after a retried join: adding a known learner changes nothing.
+        let peer_url = join.member.peer_url.clone();
         self.raft()
-            .add_learner(join.id, join.member, true)
+            .add_learner(join.id, join.member, false)
             .await
             .map_err(refusal_of)?;
+        // A voter must hold the log: promoted before it does, it would count
+        // towards every quorum while it can confirm nothing.
+        let caught_up = match self.catch_up(join.id, &peer_url).await {
+            Ok(index) => index,
+            Err(reason) => {
+                tracing::warn!(
+                    member_id = format_args!("{:x}", join.id),
+                    "{reason}; removing it"
+                );
+                let ids = BTreeSet::from([join.id]);
+                if let Err(refusal) = self.apply_membership(ChangeMembers::RemoveNodes(ids)).await {
+                    tracing::warn!("cannot remove the learner that did not catch up: {refusal:?}");
+                }
+                return Err(Refusal::Failed(reason));
+            }
+        };
         self.apply_membership(ChangeMembers::AddVoterIds(BTreeSet::from([join.id])))
             .await?;
-        Ok(joined)
+        Ok(Joined {
+            caught_up_to: caught_up,
+            ..joined
+        })
+    }
+
+    /// As leader: waits until the learner `id` holds this member's log as it
+    /// is now (a snapshot installed, or entries appended) and returns that
+    /// index; fails when the learner's peer service at `peer_url` stops
+    /// answering for CATCH_UP_SILENCE or catching up takes CATCH_UP_LIMIT.
+    async fn catch_up(&self, id: u64, peer_url: &str) -> Result<u64, String> {
+        let started = Instant::now();
+        let target = self.metrics().borrow().last_log_index.unwrap_or(0);
+        let holds = |m: &openraft::RaftMetrics<u64, Member>| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&id).copied().flatten())
+                .map_or(0, |log_id| log_id.index)
+        };
+        loop {
+            let waited = self
+                .raft()
+                .wait(Some(Duration::from_millis(500)))
+                .metrics(|m| holds(m) >= target, "the new member holds the log")
+                .await;
+            if waited.is_ok() {
+                tracing::info!(
+                    member_id = format_args!("{id:x}"),
+                    index = target,
+                    "the new member caught up"
+                );
+                return Ok(target);
+            }
+            self.check_leading()
+                .map_err(|_| "the leader lost its leadership while the member caught up")?;
+            let held = holds(&self.metrics().borrow());
+            let last_answer = self
+                .peers()
+                .answered_at(peer_url)
+                .filter(|at| *at > started);
+            let silent_since = last_answer.unwrap_or(started);
+            if silent_since.elapsed() > CATCH_UP_SILENCE {
+                return Err(format!(
+                    "the leader could not bring this member up to date: its peer URL {peer_url}                      {} for {CATCH_UP_SILENCE:?} (it holds the log up to index {held} of                      {target}); the other members must reach this member at that URL",
+                    if last_answer.is_some() {
+                        "stopped answering"
+                    } else {
+                        "did not answer"
+                    },
+                ));
+            }
+            if started.elapsed() > CATCH_UP_LIMIT {
+                return Err(format!(
+                    "this member did not catch up with the leader within {CATCH_UP_LIMIT:?} (it                      holds the log up to index {held} of {target})"
+                ));
+            }
+        }
     }
 
     /// As leader: the id MemberAdd reserved for `peer_url`, if any. A peer
@@ -337,8 +418,12 @@ pub(super) async fn ask_leader<Req: Serialize, Resp: DeserializeOwned>(
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let mut url = url.to_string();
     loop {
+        let call_timeout = match method {
+            Method::Join => JOIN_CALL_TIMEOUT,
+            _ => JOIN_TIMEOUT,
+        };
         let answer: Result<Result<Resp, Refusal>, PeerError> =
-            peers.call(&url, method, request, JOIN_TIMEOUT).await;
+            peers.call(&url, method, request, call_timeout).await;
         match answer {
             Ok(Ok(answer)) => return Ok(answer),
             Ok(Err(Refusal::NotLeader(Some((_, leader))))) => url = leader.peer_url,

@@ -14,6 +14,7 @@
 //! leadership handovers (`leadership`) are the leader's to make.
 
 mod cluster;
+mod election;
 mod leadership;
 mod log_store;
 mod member;

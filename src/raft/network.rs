@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -73,6 +73,8 @@ pub struct Peers {
     /// so that other members see this one at one address.
     source: Option<std::net::IpAddr>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// When each peer last answered a call, by peer URL.
+    answered: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl Peers {
@@ -87,6 +89,7 @@ impl Peers {
             tls,
             source,
             channels: Arc::default(),
+            answered: Arc::default(),
         }
     }
 
@@ -112,6 +115,12 @@ impl Peers {
         let channel = endpoint.connect_lazy();
         channels.insert(url.to_string(), channel.clone());
         Ok(channel)
+    }
+
+    /// When the peer at `url` last answered a call of this member's.
+    pub fn answered_at(&self, url: &str) -> Option<Instant> {
+        let answered = self.answered.lock().unwrap_or_else(|e| e.into_inner());
+        answered.get(url).copied()
     }
 
     /// Calls `method` of the peer at `url` with `message`, within `timeout`.
@@ -144,6 +153,7 @@ impl Peers {
             Method::ChangeMembers => client.change_members(request).await,
             Method::Reserved => client.reserved(request).await,
             Method::Campaign => client.campaign(request).await,
+            Method::PreVote => client.pre_vote(request).await,
         };
         let payload = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
@@ -155,6 +165,10 @@ impl Peers {
                 _ => PeerError::Refused { url, status },
             }
         })?;
+        self.answered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(url.to_string(), Instant::now());
         postcard::from_bytes(&payload.get_ref().data).map_err(|e| PeerError::Garbled {
             url: url.to_string(),
             message: e.to_string(),
@@ -183,6 +197,8 @@ pub enum Method {
     Reserved,
     /// Standing for leader, as MoveLeader asks.
     Campaign,
+    /// Whether a member would vote for this one.
+    PreVote,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Peers {

@@ -5,11 +5,13 @@
 
 use std::sync::Arc;
 
+use openraft::raft::AppendEntriesResponse;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
 use super::cluster::Cluster;
+use super::election::PreVote;
 use super::membership::{MembershipChange, MembershipError};
 use super::network::TOKEN_HEADER;
 use super::proposal::Proposal;
@@ -44,6 +46,9 @@ pub struct JoinRequest {
 pub struct Joined {
     /// The cluster's id, which the new member reports from now on.
     pub cluster_id: u64,
+    /// The index of the leader's log the new member held when it was
+    /// promoted: it serves clients once it has applied that much.
+    pub caught_up_to: u64,
 }
 
 /// The peer service of one member.
@@ -81,7 +86,15 @@ fn answer<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: openraft::raft::AppendEntriesRequest<TypeConfig> = self.open(request)?;
-        answer(&self.cluster.raft().append_entries(rpc).await)
+        let result = self.cluster.raft().append_entries(rpc).await;
+        // Any answer but a higher vote takes the sender as this term's leader.
+        if result
+            .as_ref()
+            .is_ok_and(|r| !matches!(r, AppendEntriesResponse::HigherVote(_)))
+        {
+            self.cluster.heard_from_leader();
+        }
+        answer(&result)
     }
 
     async fn vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
@@ -94,7 +107,14 @@ impl Peer for PeerService {
         request: Request<Payload>,
     ) -> Result<Response<Payload>, Status> {
         let rpc: openraft::raft::InstallSnapshotRequest<TypeConfig> = self.open(request)?;
-        answer(&self.cluster.raft().install_snapshot(rpc).await)
+        let result = self.cluster.raft().install_snapshot(rpc).await;
+        if result
+            .as_ref()
+            .is_ok_and(|r| r.vote == self.cluster.metrics().borrow().vote)
+        {
+            self.cluster.heard_from_leader();
+        }
+        answer(&result)
     }
 
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
@@ -125,5 +145,10 @@ impl Peer for PeerService {
     async fn campaign(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (): () = self.open(request)?;
         answer(&self.cluster.campaign().await)
+    }
+
+    async fn pre_vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let pre_vote: PreVote = self.open(request)?;
+        answer(&self.cluster.answer_pre_vote(pre_vote).await)
     }
 }

@@ -28,6 +28,7 @@ use tonic::transport::server::Connected;
 use super::authority::AuthorityRepair;
 use super::grpc_metrics;
 use super::tls;
+use crate::api::require_leader::RequireLeaderLayer;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::gateway::MetricsEndpoints;
@@ -140,17 +141,26 @@ impl ClientListener {
     pub async fn serve(
         self,
         routes: Routes,
+        require_leader: RequireLeaderLayer,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let served = match self {
             ClientListener::Tcp(listener, _) => {
-                serve_incoming(routes, tcp_connections(listener), shutdown).await
+                serve_incoming(routes, require_leader, tcp_connections(listener), shutdown).await
             }
             ClientListener::Tls(listener, _, tls) => {
-                serve_incoming(routes, tls::connections(listener, tls), shutdown).await
+                serve_incoming(
+                    routes,
+                    require_leader,
+                    tls::connections(listener, tls),
+                    shutdown,
+                )
+                .await
             }
             ClientListener::Unix(listener, path) => {
-                let served = serve_incoming(routes, unix_connections(listener), shutdown).await;
+                let served =
+                    serve_incoming(routes, require_leader, unix_connections(listener), shutdown)
+                        .await;
                 let _ = std::fs::remove_file(path);
                 served
             }
@@ -161,6 +171,7 @@ impl ClientListener {
 
 async fn serve_incoming<I, IO, IE>(
     routes: Routes,
+    require_leader: RequireLeaderLayer,
     incoming: I,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error>
@@ -175,6 +186,7 @@ where
         .accept_http1(true)
         .layer(grpc_metrics::GrpcMetricsLayer)
         .layer(tower::util::MapResponseLayer::new(etcd_message_size_error))
+        .layer(require_leader)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -19,6 +19,7 @@ use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
 use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
+use crate::api::require_leader::RequireLeaderLayer;
 use crate::api::watch::WatchService;
 use crate::auth::{Auth, AuthOptions};
 use crate::backend::Backend;
@@ -198,6 +199,7 @@ async fn serve<B: Backend>(
         quota_backend_bytes: config.quota_backend_bytes,
         name: config.name.clone(),
         client_urls: config.client_urls(),
+        peer_url: config.peer_url(),
         auth,
         cluster: cluster.clone(),
     });
@@ -299,13 +301,16 @@ async fn serve<B: Backend>(
     let metrics_listeners =
         listeners::serve_metrics(&config, serving.tls.as_ref(), gateway.metrics_only()).await?;
 
+    let require_leader = RequireLeaderLayer::new(cluster.clone());
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
         let stopped = stop_streams.clone();
-        servers.spawn(listener.serve(routes.clone(), async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|stop| *stop).await;
-        }));
+        servers.spawn(
+            listener.serve(routes.clone(), require_leader.clone(), async move {
+                let mut stopped = stopped;
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }),
+        );
     }
     let mut shutdown = std::pin::pin!(shutdown);
     let mut failure = None;

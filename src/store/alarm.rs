@@ -7,6 +7,7 @@
 //! the same ones: the writer reads them in the write transaction of any batch
 //! holding a request an alarm could refuse.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
@@ -62,6 +63,9 @@ fn txn_is_read_only(txn: &TxnRequest) -> bool {
 pub struct Quota {
     /// The limit in bytes; `None` when the quota is off.
     limit: Option<i64>,
+    /// Set when the datastore reported its storage full: the NOSPACE alarm,
+    /// kept here since the full database may not take the alarm's row.
+    disk_full: AtomicBool,
     /// When the size was last measured, and what it was.
     measured: Mutex<Option<(Instant, i64)>>,
 }
@@ -89,6 +93,7 @@ impl Quota {
         };
         Quota {
             limit,
+            disk_full: AtomicBool::new(false),
             measured: Mutex::new(None),
         }
     }
@@ -110,6 +115,27 @@ impl Quota {
             }
         };
         Ok(size + cost < limit)
+    }
+
+    /// Notes that the datastore reported its storage full: NOSPACE is raised.
+    pub fn note_disk_full(&self) {
+        if !self.disk_full.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                alarm = "NOSPACE",
+                "alarm raised: the datastore is out of space; free space, then disarm the alarm"
+            );
+        }
+    }
+
+    /// Whether the datastore reported its storage full since the last disarm.
+    pub fn disk_full(&self) -> bool {
+        self.disk_full.load(Ordering::SeqCst)
+    }
+
+    /// Disarms the NOSPACE alarm the datastore's full storage raised;
+    /// whether it was raised.
+    pub fn disarm_disk_full(&self) -> bool {
+        self.disk_full.swap(false, Ordering::SeqCst)
     }
 
     /// Forgets the measured size, so the next write measures again (after a

@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use crate::backend::{Compacted, Unavailable};
+use crate::backend::{Compacted, DiskFull, Unavailable};
 
 /// A failed store operation.
 #[derive(Debug, Error)]
@@ -66,6 +66,10 @@ impl From<anyhow::Error> for StoreError {
     fn from(error: anyhow::Error) -> Self {
         if Compacted::is(&error) {
             return StoreError::Compacted;
+        }
+        if DiskFull::is(&error) {
+            tracing::warn!("the datastore is out of space: {error:#}");
+            return StoreError::NoSpace;
         }
         StoreError::Backend(error)
     }

@@ -27,7 +27,7 @@ mod settings;
 mod writer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -41,7 +41,9 @@ use self::publisher::Publisher;
 use self::request::{AlarmChange, Answer, AuthWrite, Queued, WriteRequest};
 use self::routing::Writes;
 pub use self::routing::{BoxFuture, LocalWriter, Replication};
-use crate::backend::{AlarmRow, Backend, DatabaseSize, LeaseRow, ReadTxn, Revisions, WriteTxn};
+use crate::backend::{
+    AlarmRow, Backend, DatabaseSize, DiskFull, LeaseRow, ReadTxn, Revisions, WriteTxn,
+};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse,
@@ -93,6 +95,8 @@ pub struct Store<B: Backend> {
     /// reserved for it (`adopt_member_id`).
     member_id: AtomicU64,
     quota: Quota,
+    /// Set while the compactor's last step failed for a full datastore.
+    compaction_out_of_space: Arc<AtomicBool>,
     /// Range counts of committed revisions, reused by later reads.
     counts: CountCache,
     /// Lease deadlines ahead of the database, when keep-alives are answered
@@ -133,12 +137,14 @@ impl<B: Backend> Store<B> {
             lease_deadlines.clone(),
         );
         let writes = Writes::new(&queue);
+        let compaction_out_of_space = Arc::new(AtomicBool::new(false));
         let background = background::start(
             &backend,
             &writes,
             &revisions,
             Arc::downgrade(&publisher),
             options.auto_compaction,
+            &compaction_out_of_space,
         );
         Ok(Store {
             backend,
@@ -149,6 +155,7 @@ impl<B: Backend> Store<B> {
             cluster_id: identity.cluster_id,
             member_id: AtomicU64::new(identity.member_id),
             quota: Quota::new(options.quota_backend_bytes),
+            compaction_out_of_space,
             counts: CountCache::default(),
             lease_deadlines,
             writer,
@@ -318,10 +325,23 @@ impl<B: Backend> Store<B> {
         let resp = self.write_for(WriteRequest::Compact(req.revision)).await?;
         if req.physical {
             let mut revisions = self.revisions.clone();
-            revisions
-                .wait_for(|r| r.compacted_through >= req.revision)
-                .await
-                .map_err(|_| StoreError::Stopped)?;
+            let done = revisions.wait_for(|r| r.compacted_through >= req.revision);
+            tokio::pin!(done);
+            // The compactor cannot remove history while the datastore is
+            // full: the answer says so rather than waiting for space.
+            loop {
+                tokio::select! {
+                    done = &mut done => {
+                        done.map_err(|_| StoreError::Stopped)?;
+                        break;
+                    }
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
+                        if self.compaction_out_of_space.load(Ordering::SeqCst) {
+                            return Err(StoreError::NoSpace);
+                        }
+                    }
+                }
+            }
         }
         Ok(resp)
     }
@@ -437,8 +457,22 @@ impl<B: Backend> Store<B> {
     /// The raised alarms of type `alarm` (every one for NONE), as etcd's
     /// Alarm GET lists them.
     pub async fn alarms(&self, alarm: i32) -> StoreResult<Vec<AlarmRow>> {
-        let raised = self.backend.read().await?.alarms().await?;
+        let mut raised = self.backend.read().await?.alarms().await?;
+        if self.quota.disk_full() {
+            let row = self.disk_full_alarm();
+            if !raised.contains(&row) {
+                raised.push(row);
+            }
+        }
         Ok(alarm::matching(raised, alarm))
+    }
+
+    /// The NOSPACE alarm this member raises when its datastore is full.
+    fn disk_full_alarm(&self) -> AlarmRow {
+        AlarmRow {
+            member_id: self.identity().member_id as i64,
+            alarm: crate::proto::etcdserverpb::AlarmType::Nospace as i32,
+        }
     }
 
     /// The stored target of the Downgrade in flight (0: none; see
@@ -470,10 +504,17 @@ impl<B: Backend> Store<B> {
             member_id,
             alarm,
         };
-        let changed: Vec<AlarmRow> = self.write_for(request).await?;
+        let mut changed: Vec<AlarmRow> = self.write_for(request).await?;
         if change == AlarmChange::Deactivate {
             // The next write measures the database again, as etcd re-checks.
             self.quota.forget_size().await;
+            let row = self.disk_full_alarm();
+            if (row.member_id as u64, row.alarm) == (member_id, alarm)
+                && self.quota.disarm_disk_full()
+                && !changed.contains(&row)
+            {
+                changed.push(row);
+            }
         }
         Ok(changed)
     }
@@ -482,6 +523,9 @@ impl<B: Backend> Store<B> {
     /// would take the database to the quota raises the NOSPACE alarm and is
     /// refused.
     async fn check_quota(&self, cost: i64) -> StoreResult<()> {
+        if self.quota.disk_full() {
+            return Err(StoreError::NoSpace);
+        }
         if self.quota.available(&*self.backend, cost).await? {
             return Ok(());
         }
@@ -521,7 +565,14 @@ impl<B: Backend> Store<B> {
 
     /// Writes `request` and takes its answer out of the writer's reply.
     async fn write_for<A: Answer>(&self, request: WriteRequest) -> StoreResult<A> {
-        let response = self.writes.send(request).await?;
+        let response = match self.writes.send(request).await {
+            // A full datastore raises NOSPACE, as a database over its quota does.
+            Err(StoreError::Backend(error)) if DiskFull::is(&error) => {
+                self.quota.note_disk_full();
+                return Err(StoreError::NoSpace);
+            }
+            response => response?,
+        };
         A::from_response(response).ok_or_else(|| {
             StoreError::Internal(format!(
                 "the writer's answer is not a {}",

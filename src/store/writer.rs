@@ -17,7 +17,7 @@ use super::publisher::Publisher;
 use super::range::check_revision;
 use super::request::{AuthWrite, Queued, WriteRequest, WriteResponse};
 use crate::backend::settings;
-use crate::backend::{AlarmRow, Backend, ReadTxn, Revisions, Unavailable, WriteTxn};
+use crate::backend::{AlarmRow, Backend, DiskFull, ReadTxn, Revisions, Unavailable, WriteTxn};
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{CompactionResponse, ResponseHeader};
 
@@ -117,12 +117,14 @@ async fn run<B: Backend>(
                 }
                 let message = format!("{error:#}");
                 let unavailable = Unavailable::is(&error);
+                let disk_full = DiskFull::is(&error);
                 for queued in batch.drain(..) {
                     // Each waiter gets its own copy, still saying whether
-                    // the database was out of reach.
-                    let error = match unavailable {
-                        true => Unavailable::error(&message),
-                        false => anyhow::anyhow!("{message}"),
+                    // the database was out of reach or out of space.
+                    let error = match (unavailable, disk_full) {
+                        (true, _) => Unavailable::error(&message),
+                        (_, true) => DiskFull::error(&message),
+                        _ => anyhow::anyhow!("{message}"),
                     };
                     let _ = queued.reply.send(Err(StoreError::Backend(error)));
                 }

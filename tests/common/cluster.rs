@@ -103,6 +103,32 @@ impl Member {
         }
     }
 
+    /// Starts it for the first time, expecting it may fail: the text of its
+    /// log when it exits before it serves.
+    async fn try_launch(&mut self) -> Result<(), String> {
+        let mut args = serve_args(&self.addr(), &self.datastore().display().to_string());
+        args.extend(self.args.iter().cloned());
+        self.runs += 1;
+        let log = self.dir.join(format!("cetera-{}.log", self.runs));
+        let mut proc = Proc::spawn(cetera_bin(), &args, log);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            match proc.wait_ready(self.port, "cetera member", None).await {
+                Ok(()) => {
+                    self.proc = Some(proc);
+                    return Ok(());
+                }
+                // Not ready yet (a join takes its time): wait on, until it
+                // serves or exits.
+                Err((_, message)) if !message.contains("exited") && Instant::now() < deadline => {}
+                Err(_) => {
+                    proc.kill();
+                    return Err(proc.log_text());
+                }
+            }
+        }
+    }
+
     /// Starts it again with the flags it was first started with.
     pub async fn restart(&mut self) {
         self.kill();
@@ -244,6 +270,12 @@ impl Cluster {
         self.members[i].launch().await;
     }
 
+    /// Starts member `i` for the first time: Err with its log when it exits
+    /// before it serves (a join the cluster refused, say).
+    pub async fn try_start_member(&mut self, i: usize) -> Result<(), String> {
+        self.members[i].try_launch().await
+    }
+
     /// Member `i`'s id, as its Status header gives it.
     pub async fn member_id(&self, i: usize) -> u64 {
         let endpoint = self.members[i].endpoint();
@@ -303,6 +335,11 @@ impl Cluster {
         for j in (0..self.members.len()).filter(|j| *j != i) {
             self.proxy(j).block(member_ip(i));
         }
+    }
+
+    /// Cuts the other members' way to member `i` (its own way to them stays).
+    pub fn cut_inbound(&self, i: usize) {
+        self.proxy(i).cut();
     }
 
     /// Undoes `isolate(i)`.

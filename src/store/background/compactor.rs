@@ -3,12 +3,13 @@
 //! long, then lets the backend reclaim the space.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use super::lock::{COMPACTION_LOCK, holds};
-use crate::backend::{Backend, Revisions};
+use crate::backend::{Backend, DiskFull, Revisions};
 use crate::store::error::StoreError;
 use crate::store::request::WriteRequest;
 use crate::store::routing::Writes;
@@ -24,6 +25,7 @@ pub(super) async fn run<B: Backend>(
     backend: Arc<B>,
     writes: Writes,
     mut revisions: watch::Receiver<Revisions>,
+    out_of_space: Arc<AtomicBool>,
 ) {
     let mut last_reclaim: Option<Instant> = None;
     loop {
@@ -40,6 +42,7 @@ pub(super) async fn run<B: Backend>(
         }
         match writes.local(WriteRequest::CompactStep).await {
             Ok(_) => {
+                out_of_space.store(false, Ordering::SeqCst);
                 let caught_up = {
                     let r = revisions.borrow();
                     r.compacted_through >= r.compact
@@ -54,6 +57,17 @@ pub(super) async fn run<B: Backend>(
                 }
             }
             Err(StoreError::Stopped) => return,
+            // A full datastore: a physical Compact answers so at once (see
+            // `Store::compact`); steps are tried again now and then.
+            Err(StoreError::Backend(error)) if DiskFull::is(&error) => {
+                if !out_of_space.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(
+                        "the datastore is out of space: compaction waits until there is some \
+                         ({error:#})"
+                    );
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
             Err(error) => {
                 tracing::warn!("compaction step failed, retrying: {error}");
                 tokio::time::sleep(Duration::from_secs(1)).await;

@@ -10,6 +10,7 @@ mod lease_expirer;
 mod lock;
 mod poller;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 
 use tokio::sync::watch;
@@ -20,18 +21,21 @@ use super::publisher::Publisher;
 use super::routing::Writes;
 use crate::backend::{Backend, Revisions};
 
-/// Starts the background jobs of a store on `backend`.
+/// Starts the background jobs of a store on `backend`; the compactor sets
+/// `compaction_out_of_space` while a full datastore holds it up.
 pub(super) fn start<B: Backend>(
     backend: &Arc<B>,
     writes: &Writes,
     revisions: &watch::Receiver<Revisions>,
     publisher: Weak<Publisher<B>>,
     auto_compaction: Option<AutoCompaction>,
+    compaction_out_of_space: &Arc<AtomicBool>,
 ) -> Vec<JoinHandle<()>> {
     let compactor = tokio::spawn(compactor::run(
         backend.clone(),
         writes.clone(),
         revisions.clone(),
+        compaction_out_of_space.clone(),
     ));
     let lease_expirer = tokio::spawn(lease_expirer::run(backend.clone(), writes.clone()));
     let mut jobs = vec![compactor, lease_expirer];
