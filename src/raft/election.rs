@@ -77,15 +77,19 @@ impl Cluster {
         }
     }
 
-    /// Whether this member leads with a quorum's answer, or follows a leader
-    /// it heard from, within `within`.
+    /// Whether this member leads with a quorum's answer within `within` (or
+    /// is handing over), or follows a leader it heard from within `within`.
     pub(super) fn leader_alive(&self, within: Duration) -> bool {
         let metrics = self.metrics().borrow();
         match metrics.current_leader {
             None => false,
-            Some(leader) if leader == self.id() => metrics
-                .millis_since_quorum_ack
-                .is_some_and(|ms| Duration::from_millis(ms) <= within),
+            // A leader handing over sends no heartbeats, so hears no acks.
+            Some(leader) if leader == self.id() => {
+                self.handing_over().load(Ordering::SeqCst)
+                    || metrics
+                        .millis_since_quorum_ack
+                        .is_some_and(|ms| Duration::from_millis(ms) <= within)
+            }
             Some(_) => self.heard_from_leader_within(within),
         }
     }

@@ -9,7 +9,11 @@
 //! and steps down. Otherwise, or in a larger cluster, the leader asks again
 //! once the followers' leases, no longer renewed, have run out. The old
 //! leader does not stand meanwhile; writes and reads sent during the
-//! handover wait for the new leader.
+//! handover wait for the new leader. Its silence must not look like a
+//! failure to the other voters, or one of them would stand after a pre-vote
+//! (see `election`) and win the election meant for the transferee: so the
+//! leader tells them it is handing over, `NOTICE_INTERVAL` apart, which
+//! keeps their pre-votes quiet without renewing openraft's leases.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,6 +27,9 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the leader waits for the transferee to win before asking again:
 /// longer than a follower's lease (openraft's, the longest election timeout).
 const CAMPAIGN_WAIT: Duration = Duration::from_millis(700);
+/// How often the leader tells the other voters it is handing over: well
+/// within their lease on it (`election::LEADER_LEASE`).
+const NOTICE_INTERVAL: Duration = Duration::from_millis(150);
 
 /// Why MoveLeader failed.
 #[derive(Debug, thiserror::Error)]
@@ -39,13 +46,16 @@ pub enum HandoverError {
 }
 
 /// Undoes a handover's pause however it ends.
-struct Paused<'a>(&'a Cluster);
+struct Paused<'a> {
+    cluster: &'a Cluster,
+    notices: tokio::task::JoinHandle<()>,
+}
 
 impl Drop for Paused<'_> {
     fn drop(&mut self) {
-        let cluster = self.0;
-        cluster.raft().runtime_config().heartbeat(true);
-        cluster.handing_over().store(false, Ordering::SeqCst);
+        self.notices.abort();
+        self.cluster.raft().runtime_config().heartbeat(true);
+        self.cluster.handing_over().store(false, Ordering::SeqCst);
     }
 }
 
@@ -69,7 +79,10 @@ impl Cluster {
         let deadline = Instant::now() + HANDOVER_TIMEOUT;
         self.handing_over().store(true, Ordering::SeqCst);
         self.raft().runtime_config().heartbeat(false);
-        let _paused = Paused(self);
+        let _paused = Paused {
+            cluster: self,
+            notices: tokio::spawn(self.notify_handover()),
+        };
         // A write already on its way would lengthen the log after the
         // transferee caught up, and the transferee would lose the vote.
         while self.writes_in_flight() > 0 {
@@ -119,6 +132,43 @@ impl Cluster {
             if Instant::now() > deadline {
                 return Err(HandoverError::TimedOut);
             }
+        }
+    }
+
+    /// Tells the other voters, `NOTICE_INTERVAL` apart until aborted, that
+    /// this leader is alive and handing over.
+    fn notify_handover(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let (peers, leader) = (self.peers().clone(), self.id());
+        let voters: Vec<String> = self
+            .members()
+            .into_iter()
+            .filter(|m| !m.is_learner && m.id != leader)
+            .map(|m| m.member.peer_url)
+            .collect();
+        async move {
+            loop {
+                for url in &voters {
+                    let peers = peers.clone();
+                    let url = url.clone();
+                    tokio::spawn(async move {
+                        let told: Result<(), PeerError> = peers
+                            .call(&url, Method::HandingOver, &leader, NOTICE_INTERVAL)
+                            .await;
+                        if let Err(error) = told {
+                            tracing::debug!("cannot tell {url} of the handover: {error}");
+                        }
+                    });
+                }
+                tokio::time::sleep(NOTICE_INTERVAL).await;
+            }
+        }
+    }
+
+    /// Takes the leader's notice that it is handing over as word from it:
+    /// this member then neither stands nor grants a pre-vote meanwhile.
+    pub(super) fn hear_handover(&self, leader: u64) {
+        if self.metrics().borrow().current_leader == Some(leader) {
+            self.heard_from_leader();
         }
     }
 

@@ -154,6 +154,7 @@ impl Peers {
             Method::Reserved => client.reserved(request).await,
             Method::Campaign => client.campaign(request).await,
             Method::PreVote => client.pre_vote(request).await,
+            Method::HandingOver => client.handing_over(request).await,
         };
         let payload = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
@@ -199,6 +200,8 @@ pub enum Method {
     Campaign,
     /// Whether a member would vote for this one.
     PreVote,
+    /// The leader is alive, handing over leadership.
+    HandingOver,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Peers {

@@ -151,4 +151,10 @@ impl Peer for PeerService {
         let pre_vote: PreVote = self.open(request)?;
         answer(&self.cluster.answer_pre_vote(pre_vote).await)
     }
+
+    async fn handing_over(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let leader: u64 = self.open(request)?;
+        self.cluster.hear_handover(leader);
+        answer(&())
+    }
 }
