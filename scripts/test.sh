@@ -5,10 +5,11 @@
 # from crates.io if missing):
 #   1. unit tests (each backend's conformance suite included) and the
 #      integration tests on SQLite;
-#   2. the differential suites again with every server a follower of a
+#   2. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh);
+#   3. the differential suites again with every server a follower of a
 #      3-member replicated cluster (CETERA_TEST_CLUSTER=1), but for 3 tests
 #      of single-server behaviour (restarts, Status/MemberList of one server);
-#   3. the integration tests again on PostgreSQL and on MySQL/MariaDB
+#   4. the integration tests again on PostgreSQL and on MySQL/MariaDB
 #      (CETERA_TEST_BACKEND), each server on a database of its own.
 # A database server that cannot be reached is skipped with a warning, except
 # in CI (CI=true), where it fails the run.
@@ -26,6 +27,9 @@ reachable() { timeout 2 bash -c "</dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 status=0
 echo "=== unit tests, and integration tests on SQLite"
 cargo nextest run --workspace --no-fail-fast "$@" || status=1
+
+echo "=== etcd3gw 2.7.0's own tests (a client of etcd's JSON gateway)"
+scripts/etcd3gw-suite.sh || status=1
 
 echo "=== differential suites against a follower of a 3-member cluster"
 CLUSTER_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(kubernetes) | binary(range_stream)'

@@ -290,8 +290,11 @@ async fn json_api(etcd: &Target, cetera: &Target) {
         ("/v3/lease/timetolive", r#"{"ID":"4096","keys":true}"#),
         ("/v3/lease/timetolive", r#"{"ID":"999"}"#),
         ("/v3/lease/leases", "{}"),
+        // The protos' second bindings of three lease calls (etcd3gw's paths).
+        ("/v3/kv/lease/timetolive", r#"{"ID":"4096"}"#),
+        ("/v3/kv/lease/leases", "{}"),
         ("/v3/lease/revoke", r#"{"ID":"4096"}"#),
-        ("/v3/lease/revoke", r#"{"ID":"4096"}"#),
+        ("/v3/kv/lease/revoke", r#"{"ID":"4096"}"#),
         ("/v3/maintenance/alarm", r#"{"action":"GET"}"#),
         (
             "/v3/maintenance/alarm",

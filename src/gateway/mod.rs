@@ -230,10 +230,18 @@ impl<B: Backend> Inner<B> {
             "/v3/kv/compaction" => call.unary(|r| s.kv.compact(r)).await,
             "/v3/watch" => call.bidi(|r| s.watch.watch(r)).await,
             "/v3/lease/grant" => call.unary(|r| s.lease.lease_grant(r)).await,
-            "/v3/lease/revoke" => call.unary(|r| s.lease.lease_revoke(r)).await,
+            // etcd's protos bind three lease calls under /v3/kv/lease/ too
+            // (etcd3gw, OpenStack's client, uses those paths).
+            "/v3/lease/revoke" | "/v3/kv/lease/revoke" => {
+                call.unary(|r| s.lease.lease_revoke(r)).await
+            }
             "/v3/lease/keepalive" => call.bidi(|r| s.lease.lease_keep_alive(r)).await,
-            "/v3/lease/timetolive" => call.unary(|r| s.lease.lease_time_to_live(r)).await,
-            "/v3/lease/leases" => call.unary(|r| s.lease.lease_leases(r)).await,
+            "/v3/lease/timetolive" | "/v3/kv/lease/timetolive" => {
+                call.unary(|r| s.lease.lease_time_to_live(r)).await
+            }
+            "/v3/lease/leases" | "/v3/kv/lease/leases" => {
+                call.unary(|r| s.lease.lease_leases(r)).await
+            }
             "/v3/cluster/member/add" => call.unary(|r| s.cluster.member_add(r)).await,
             "/v3/cluster/member/remove" => call.unary(|r| s.cluster.member_remove(r)).await,
             "/v3/cluster/member/update" => call.unary(|r| s.cluster.member_update(r)).await,
