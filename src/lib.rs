@@ -79,6 +79,8 @@
 //!   datastore (`open.rs`), the settings rows (`settings.rs`), cetera's
 //!   SQLite snapshots (`snapshot.rs`).
 //! - `metrics` (`src/metrics/`): the Prometheus registry every layer counts in.
+//! - `go_duration` (`src/go_duration.rs`): Go's duration syntax, for the etcd
+//!   flags written that way.
 //! - [`proto`]: the generated etcd v3 and peer protocol types, from
 //!   `crates/cetera-proto` (the `.proto` files, compiled by its `build.rs`
 //!   with protox), with the Txn op builders (`proto::ops`) the server, the
@@ -97,6 +99,7 @@ pub mod backend;
 pub mod bbolt;
 pub mod config;
 pub(crate) mod gateway;
+pub(crate) mod go_duration;
 pub(crate) mod metrics;
 pub mod migrate;
 /// The generated etcd v3 and peer protocol types, from the `cetera-proto` crate.

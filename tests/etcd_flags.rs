@@ -12,15 +12,6 @@ use common::cetera_server::cetera_bin;
 use common::process::Proc;
 use common::{etcd_bin, free_port};
 
-/// Whether this build has etcd's `--listen-client-urls` (the HTTP gateway
-/// work adds it); without it the client address is given as
-/// `--listen-address`, the one flag of the unit's line cetera names its own
-/// way.
-fn has_listen_client_urls() -> bool {
-    let out = Command::new(cetera_bin()).arg("--help").output().unwrap();
-    String::from_utf8_lossy(&out.stdout).contains("--listen-client-urls")
-}
-
 /// An etcd 3.5 systemd unit's ExecStart arguments, as etcd's docs and
 /// distributions write them, for one member on 127.0.0.1.
 fn unit_args(data_dir: &Path, client: u16, peer: u16) -> Vec<String> {
@@ -56,22 +47,6 @@ fn unit_args(data_dir: &Path, client: u16, peer: u16) -> Vec<String> {
         "--unsafe-no-fsync".to_string(),
     ]
     .into()
-}
-
-/// The unit's arguments for cetera on this build (see has_listen_client_urls).
-fn for_cetera(args: &[String], client: u16) -> Vec<String> {
-    if has_listen_client_urls() {
-        return args.to_vec();
-    }
-    args.iter()
-        .map(|arg| {
-            if arg.starts_with("--listen-client-urls=") {
-                format!("--listen-address=127.0.0.1:{client}")
-            } else {
-                arg.clone()
-            }
-        })
-        .collect()
 }
 
 /// Spawns `program` with `args` and `env` (and nothing else from ETCD_*).
@@ -137,7 +112,7 @@ async fn an_etcd_unit_command_line_starts_cetera_as_it_starts_etcd() {
 
     let (client, peer) = (free_port(), free_port());
     let data_dir = work.path().join("cetera-data");
-    let args = for_cetera(&unit_args(&data_dir, client, peer), client);
+    let args = unit_args(&data_dir, client, peer);
     serves(cetera_bin(), &args, &[], client, work.path()).await;
     assert!(data_dir.join("cetera/state.db").is_file());
     let log = std::fs::read_to_string(work.path().join("cetera.log")).unwrap();
@@ -161,7 +136,7 @@ async fn etcd_variables_start_cetera_and_a_flag_with_its_variable_is_refused() {
     let work = tempfile::tempdir().unwrap();
     let (client, peer) = (free_port(), free_port());
     let data_dir = work.path().join("data");
-    let mut env: Vec<(&str, String)> = vec![
+    let env: Vec<(&str, String)> = vec![
         ("ETCD_NAME", "infra0".into()),
         ("ETCD_DATA_DIR", data_dir.display().to_string()),
         (
@@ -179,17 +154,12 @@ async fn etcd_variables_start_cetera_and_a_flag_with_its_variable_is_refused() {
         ),
         ("ETCD_SNAPSHOT_COUNT", "10000".into()),
         ("ETCD_UNRECOGNIZED_THING", "1".into()),
-    ];
-    let mut args = Vec::new();
-    if has_listen_client_urls() {
-        env.push((
+        (
             "ETCD_LISTEN_CLIENT_URLS",
             format!("http://127.0.0.1:{client}"),
-        ));
-    } else {
-        args.push(format!("--listen-address=127.0.0.1:{client}"));
-    }
-    serves(cetera_bin(), &args, &env, client, work.path()).await;
+        ),
+    ];
+    serves(cetera_bin(), &[], &env, client, work.path()).await;
     assert!(data_dir.join("cetera/state.db").is_file());
     let log = std::fs::read_to_string(work.path().join("cetera.log")).unwrap();
     assert!(
@@ -274,13 +244,7 @@ async fn an_etcd_config_file_starts_cetera_as_it_starts_etcd() {
 
     let (client, peer) = (free_port(), free_port());
     let data_dir = work.path().join("cetera-data");
-    let mut text = yaml(&data_dir, client, peer);
-    if !has_listen_client_urls() {
-        text = text.replace(
-            &format!("listen-client-urls: http://127.0.0.1:{client}\n"),
-            &format!("listen-address: 127.0.0.1:{client}\n"),
-        );
-    }
+    let text = yaml(&data_dir, client, peer);
     let cetera_yaml = work.path().join("cetera.yaml");
     std::fs::write(&cetera_yaml, text).unwrap();
     let args = vec![

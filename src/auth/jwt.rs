@@ -124,7 +124,9 @@ impl JwtTokens {
         }
         let option = |name: &str| options.get(name).filter(|v| !v.is_empty());
         let ttl = match option("ttl") {
-            Some(text) => parse_go_duration(text).ok_or(TokenOptionsError::InvalidOptions)?,
+            Some(text) => {
+                crate::go_duration::parse(text).map_err(|_| TokenOptionsError::InvalidOptions)?
+            }
             None => DEFAULT_TTL,
         };
         let read = |name: &str| -> Result<Option<Vec<u8>>, TokenOptionsError> {
@@ -281,42 +283,6 @@ fn ec_keys(
     Ok((None, verifying))
 }
 
-/// Go's time.ParseDuration for what a ttl is written as: a sequence of
-/// decimal numbers with units ns, us (µs), ms, s, m, h, e.g. `5m`, `1h30m`,
-/// `1.5s`. Negative and zero durations are taken as given, as Go does.
-pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.strip_prefix('+').unwrap_or(text);
-    if rest == "0" {
-        return Some(Duration::ZERO);
-    }
-    if rest.is_empty() || rest.starts_with('-') {
-        return None;
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..number_end].parse().ok()?;
-        rest = &rest[number_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let nanos_per = match &rest[..unit_end] {
-            "ns" => 1.0,
-            "us" | "µs" | "μs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            _ => return None,
-        };
-        total += number * nanos_per;
-        rest = &rest[unit_end..];
-    }
-    Some(Duration::from_nanos(total as u64))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,17 +310,6 @@ mod tests {
         assert!(decompose("jwt,a=1,a=2").is_err());
         assert!(decompose("jwt,a=b=c").is_err());
         assert_eq!(decompose("simple").unwrap().1.len(), 0);
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("5m"), Some(Duration::from_secs(300)));
-        assert_eq!(parse_go_duration("1h30m"), Some(Duration::from_secs(5400)));
-        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
-        assert_eq!(parse_go_duration("10"), None);
-        assert_eq!(parse_go_duration("5x"), None);
-        assert_eq!(parse_go_duration(""), None);
     }
 
     #[test]

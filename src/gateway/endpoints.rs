@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{HeaderValue, Method, Response, StatusCode, header};
 
-use super::json::text_error;
+use super::json::{plain_text, text_error};
 use crate::api::ServerInfo;
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::{AlarmType, RangeRequest};
@@ -266,17 +266,7 @@ impl<B: Backend> Endpoints<B> {
             body.push_str(&lines);
         }
         body.push_str("ok\n");
-        let mut response = Response::new(Body::from(body));
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        headers.insert(
-            "x-content-type-options",
-            HeaderValue::from_static("nosniff"),
-        );
-        response
+        plain_text(StatusCode::OK, body)
     }
 
     async fn corruption_check(&self) -> Result<(), String> {

@@ -106,7 +106,13 @@ pub fn json_response(status: StatusCode, body: impl Into<Body>, call_ok: bool) -
 
 /// A plain-text answer as Go's http.Error writes it.
 pub fn text_error(status: StatusCode, text: &str) -> Response<Body> {
-    let mut response = Response::new(Body::from(format!("{text}\n")));
+    plain_text(status, format!("{text}\n"))
+}
+
+/// `body` as text, with the headers Go's http.Error sets (etcd's /livez and
+/// /readyz answer that way too).
+pub fn plain_text(status: StatusCode, body: String) -> Response<Body> {
+    let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(

@@ -56,7 +56,7 @@ pub fn parse_retention(
             _ => number as u128 * 3_600_000_000_000,
         },
         _ => {
-            let duration = parse_go_duration(retention)
+            let duration = crate::go_duration::parse(retention)
                 .map_err(|e| format!("error parsing CompactionRetention: {e}"))?;
             duration.as_nanos()
         }
@@ -74,44 +74,6 @@ pub fn parse_retention(
         })),
         other => Err(format!("unsupported compaction mode {other}")),
     }
-}
-
-/// A Go `time.ParseDuration` string: a sequence of numbers (decimals
-/// allowed) each with a unit of ns, us, µs, ms, s, m or h, e.g. `1h30m`,
-/// `1.5h`, `2s`. Negative durations are refused: a negative retention has
-/// no meaning (etcd would start a compactor that never waits).
-fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let invalid = || format!("time: invalid duration {text:?}");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text.strip_prefix('+').unwrap_or(text);
-    if rest.starts_with('-') || rest.is_empty() {
-        return Err(invalid());
-    }
-    let mut nanos = 0f64;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("time: missing unit in duration {text:?}"))?;
-        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1.0,
-            "us" | "µs" | "μs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            unit => return Err(format!("time: unknown unit {unit:?} in duration {text:?}")),
-        };
-        nanos += number * scale;
-        rest = &rest[unit_len..];
-    }
-    Ok(Duration::from_nanos(nanos as u64))
 }
 
 /// Runs the compactor for `mode` until the store stops.
