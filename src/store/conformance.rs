@@ -130,8 +130,17 @@ pub async fn a_write_answers_reads_of_what_it_read_ahead_or_wrote<B: Backend>(t:
         sub,
         deleted: false,
     };
+    // "c" has a value long enough that a backend may write it otherwise
+    // (MySQL: at once, with a prepared statement, between deferred writes).
+    let big = LogEntry {
+        kv: KeyValue {
+            value: vec![b'x'; 100 << 10],
+            ..put("c", 1).kv
+        },
+        ..put("c", 1)
+    };
     txn.append(&put("none", 0)).await.unwrap();
-    txn.append(&put("c", 1)).await.unwrap();
+    txn.append(&big).await.unwrap();
     txn.append(&LogEntry {
         kv: KeyValue {
             key: b"a".to_vec(),
@@ -187,7 +196,7 @@ pub async fn a_write_answers_reads_of_what_it_read_ahead_or_wrote<B: Backend>(t:
     txn.commit().await.unwrap();
 
     assert!(live("a").await.is_empty());
-    assert_eq!(live("c").await, vec![put("c", 1).kv]);
+    assert_eq!(live("c").await, vec![big.kv]);
     let mut read = backend.read().await.unwrap();
     assert_eq!(read.revisions().await.unwrap().current, 4);
     assert_eq!(read.lease(7).await.unwrap(), Some(renewed));

@@ -185,6 +185,10 @@ pub struct MysqlWrite {
 /// MySQL's smallest default `max_allowed_packet` (4 MiB in MySQL 5.7).
 const DEFERRED_BYTES: usize = 1 << 20;
 
+/// A log row with a value longer than this is written at once with a
+/// prepared statement, its value sent as bytes, rather than deferred as text.
+const LARGE_VALUE_BYTES: usize = 64 << 10;
+
 const LOCK_META: &str =
     "SELECT revision, compact_revision, compacted_through FROM meta WHERE id = 1 FOR UPDATE";
 const READ_ALARMS: &str = "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm";
@@ -515,18 +519,41 @@ impl WriteTxn for MysqlWrite {
             );
         }
         let key = bytes_literal(&kv.key);
-        self.defer(format!(
-            "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, deleted) \
-             VALUES ({}, {}, {key}, {}, {}, {}, {}, {})",
-            kv.mod_revision,
-            entry.sub,
-            bytes_literal(&kv.value),
-            kv.create_revision,
-            kv.version,
-            kv.lease,
-            i64::from(entry.deleted),
-        ))
-        .await?;
+        if kv.value.len() > LARGE_VALUE_BYTES {
+            // A round trip of its own, after the deferred writes: as hex
+            // text the value would take twice its size, and mysql_async
+            // keeps the buffers of large queries in its pool.
+            let conn = self.ready().await?;
+            execute(
+                conn,
+                "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, \
+                 deleted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    kv.mod_revision,
+                    entry.sub,
+                    kv.key.as_slice(),
+                    kv.value.as_slice(),
+                    kv.create_revision,
+                    kv.version,
+                    kv.lease,
+                    i64::from(entry.deleted),
+                ),
+            )
+            .await?;
+        } else {
+            self.defer(format!(
+                "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, \
+                 deleted) VALUES ({}, {}, {key}, {}, {}, {}, {}, {})",
+                kv.mod_revision,
+                entry.sub,
+                bytes_literal(&kv.value),
+                kv.create_revision,
+                kv.version,
+                kv.lease,
+                i64::from(entry.deleted),
+            ))
+            .await?;
+        }
         if entry.deleted {
             self.defer(format!("DELETE FROM kv WHERE `key` = {key}"))
                 .await?;
