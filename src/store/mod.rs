@@ -290,6 +290,18 @@ impl<B: Backend> Store<B> {
             self.read_barrier().await?;
         }
         let mut txn = self.backend.read().await?;
+        if req.revision <= 0 {
+            // The current revision: one backend call, one round trip on a
+            // server database (see `ReadTxn::current_range`).
+            let latest = self.revisions().current;
+            if let Some(response) =
+                range::range_current(&mut txn, req, Some(&self.counts), latest).await?
+            {
+                return Ok(response);
+            }
+            // The count was needed after all: read again in a transaction.
+            txn = self.backend.read().await?;
+        }
         let revs = txn.revisions().await?;
         range::range(
             &mut txn,

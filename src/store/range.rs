@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::count_cache::CountCache;
 use super::error::{StoreError, StoreResult};
-use crate::backend::{KeyRange, ReadAt, ReadTxn};
+use crate::backend::{CurrentRangeQuery, KeyRange, ReadAt, ReadTxn};
 use crate::proto::etcdserverpb::range_request::{SortOrder, SortTarget};
 use crate::proto::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader};
 use crate::proto::mvccpb::KeyValue;
@@ -85,23 +85,18 @@ pub async fn range<T: ReadTxn>(
         });
     }
 
-    let sort_order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
-    let sort_target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
-    let has_filter = req.min_mod_revision != 0
-        || req.max_mod_revision != 0
-        || req.min_create_revision != 0
-        || req.max_create_revision != 0;
-    // As etcd: with sorting or filters everything is fetched, then cut;
-    // otherwise one extra key tells whether there are more.
-    let fetch_limit = if sort_order != SortOrder::None || has_filter || req.limit <= 0 {
-        0
-    } else {
-        req.limit as usize + 1
-    };
-    let keys_only = req.keys_only && sort_target != SortTarget::Value;
-    let mut kvs = range_at(txn, &keys, at, overlay.as_ref(), fetch_limit, keys_only).await?;
+    let mut plan = Plan::of(req);
+    let kvs = range_at(
+        txn,
+        &keys,
+        at,
+        overlay.as_ref(),
+        plan.fetch_limit,
+        plan.keys_only,
+    )
+    .await?;
     // The count ignores limit and filters; skip its query when everything was fetched.
-    let count = if fetch_limit == 0 || kvs.len() < fetch_limit {
+    let count = if plan.fetched_all(&kvs) {
         kvs.len() as i64
     } else {
         let count = counter.count(txn).await?;
@@ -112,33 +107,151 @@ pub async fn range<T: ReadTxn>(
         counter.remember_after(last, count - req.limit);
         count
     };
-
-    if has_filter {
-        kvs.retain(|kv| {
-            (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
-                && (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
-                && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
-                && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
-        });
-    }
-    sort(&mut kvs, sort_order, sort_target);
-
-    let mut more = false;
-    if req.limit > 0 && kvs.len() > req.limit as usize {
-        kvs.truncate(req.limit as usize);
-        more = true;
-    }
-    if req.keys_only {
-        for kv in &mut kvs {
-            kv.value.clear();
-        }
-    }
+    let kvs = plan.finish(req, kvs);
     Ok(RangeResponse {
         header,
+        more: plan.more,
         kvs,
-        more,
         count,
     })
+}
+
+/// How a Range request reads its keys, and what it does with them after.
+struct Plan {
+    sort_order: SortOrder,
+    sort_target: SortTarget,
+    has_filter: bool,
+    /// Keys to fetch (0 = all).
+    fetch_limit: usize,
+    /// Values need not be read.
+    keys_only: bool,
+    /// Set by `finish`: the limit cut the keys.
+    more: bool,
+}
+
+impl Plan {
+    fn of(req: &RangeRequest) -> Plan {
+        let sort_order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
+        let sort_target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
+        let has_filter = req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        // As etcd: with sorting or filters everything is fetched, then cut;
+        // otherwise one extra key tells whether there are more.
+        let fetch_limit = if sort_order != SortOrder::None || has_filter || req.limit <= 0 {
+            0
+        } else {
+            req.limit as usize + 1
+        };
+        Plan {
+            sort_order,
+            sort_target,
+            has_filter,
+            fetch_limit,
+            keys_only: req.keys_only && sort_target != SortTarget::Value,
+            more: false,
+        }
+    }
+
+    /// Whether `kvs` is the whole range (so its count is its length).
+    fn fetched_all(&self, kvs: &[KeyValue]) -> bool {
+        self.fetch_limit == 0 || kvs.len() < self.fetch_limit
+    }
+
+    /// Filters, sorts and cuts the fetched keys as etcd does.
+    fn finish(&mut self, req: &RangeRequest, mut kvs: Vec<KeyValue>) -> Vec<KeyValue> {
+        if self.has_filter {
+            kvs.retain(|kv| {
+                (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
+                    && (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
+                    && (req.max_create_revision == 0
+                        || kv.create_revision <= req.max_create_revision)
+                    && (req.min_create_revision == 0
+                        || kv.create_revision >= req.min_create_revision)
+            });
+        }
+        sort(&mut kvs, self.sort_order, self.sort_target);
+        if req.limit > 0 && kvs.len() > req.limit as usize {
+            kvs.truncate(req.limit as usize);
+            self.more = true;
+        }
+        if req.keys_only {
+            for kv in &mut kvs {
+                kv.value.clear();
+            }
+        }
+        kvs
+    }
+}
+
+/// Evaluates `req`, a read at the current revision, with one backend call
+/// (`ReadTxn::current_range`), which must be the first read of `txn`: the
+/// counters, the keys and, for a limited read, the count, from one snapshot.
+/// `latest` is the newest revision this instance knows of: a count cached
+/// at it is not read again. None when the revision read turned out newer
+/// and the count is needed after all: the caller reads again in a
+/// transaction (`range`).
+pub async fn range_current<T: ReadTxn>(
+    txn: &mut T,
+    req: &RangeRequest,
+    counts: Option<&CountCache>,
+    latest: i64,
+) -> StoreResult<Option<RangeResponse>> {
+    let keys = key_range(&req.key, &req.range_end);
+    let mut plan = Plan::of(req);
+    let cached = counts.and_then(|cache| cache.get(&keys, latest));
+    let rows = !keys.is_empty() && !req.count_only;
+    let count = !keys.is_empty() && cached.is_none() && (req.count_only || plan.fetch_limit > 0);
+    let read = txn
+        .current_range(CurrentRangeQuery {
+            range: &keys,
+            rows,
+            limit: plan.fetch_limit,
+            keys_only: plan.keys_only,
+            count,
+        })
+        .await?;
+    let revision = read.revisions.current;
+    let header = Some(ResponseHeader {
+        revision,
+        ..Default::default()
+    });
+    if keys.is_empty() {
+        return Ok(Some(RangeResponse {
+            header,
+            ..Default::default()
+        }));
+    }
+    let counted = read.count.or(cached.filter(|_| revision == latest));
+    let counter = Counter::plain(&keys, revision, ReadAt::Current, counts);
+    if let (Some(cache), Some(count), None) = (counts, read.count, cached) {
+        cache.insert(&keys, revision, count);
+    }
+    if req.count_only {
+        return Ok(counted.map(|count| RangeResponse {
+            header,
+            count,
+            ..Default::default()
+        }));
+    }
+    let kvs = read.kvs;
+    let count = if plan.fetched_all(&kvs) {
+        kvs.len() as i64
+    } else {
+        let Some(count) = counted else {
+            return Ok(None);
+        };
+        counter.remember_after(&kvs[req.limit as usize - 1].key, count - req.limit);
+        count
+    };
+    let kvs = plan.finish(req, kvs);
+    Ok(Some(RangeResponse {
+        header,
+        more: plan.more,
+        kvs,
+        count,
+    }))
 }
 
 /// A read at a recent past revision is served from the live keys, corrected

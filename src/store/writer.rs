@@ -17,9 +17,11 @@ use super::publisher::Publisher;
 use super::range::check_revision;
 use super::request::{AuthWrite, Queued, WriteRequest, WriteResponse};
 use crate::backend::settings;
-use crate::backend::{AlarmRow, Backend, DiskFull, ReadTxn, Revisions, Unavailable, WriteTxn};
+use crate::backend::{
+    AlarmRow, Backend, DiskFull, ReadAhead, ReadTxn, Revisions, Unavailable, WriteTxn,
+};
 use crate::metrics::metrics;
-use crate::proto::etcdserverpb::{CompactionResponse, ResponseHeader};
+use crate::proto::etcdserverpb::{CompactionResponse, PutRequest, ResponseHeader, TxnRequest};
 
 /// Most requests committed together.
 const MAX_BATCH: usize = 256;
@@ -183,6 +185,10 @@ async fn commit<B: Backend>(
     stored: Option<&lease_deadlines::Stored>,
 ) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
+    let ahead = read_ahead(batch);
+    if !ahead.is_empty() {
+        txn.read_ahead(&ahead).await?;
+    }
     if let Some(stored) = stored {
         stored.write(&mut txn).await?;
     }
@@ -224,6 +230,56 @@ async fn commit<B: Backend>(
     }
     txn.commit().await?;
     Ok((answers, revs, committed))
+}
+
+/// The single keys and the leases the requests of `batch` read first, so
+/// that the backend can read them with the transaction's first statements.
+fn read_ahead(batch: &[Queued]) -> ReadAhead {
+    let mut ahead = ReadAhead::default();
+    for queued in batch {
+        match &queued.request {
+            WriteRequest::Put(req) => ahead_put(&mut ahead, req),
+            WriteRequest::DeleteRange(req) => ahead_key(&mut ahead, &req.key, &req.range_end),
+            WriteRequest::Txn(req) => ahead_txn(&mut ahead, req),
+            WriteRequest::LeaseGrant(req) => ahead.leases.push(req.id),
+            WriteRequest::LeaseRevoke(id)
+            | WriteRequest::LeaseKeepAlive(id)
+            | WriteRequest::LeaseExpire(id) => ahead.leases.push(*id),
+            _ => {}
+        }
+    }
+    ahead
+}
+
+fn ahead_key(ahead: &mut ReadAhead, key: &[u8], range_end: &[u8]) {
+    if range_end.is_empty() {
+        ahead.keys.push(key.to_vec());
+    }
+}
+
+fn ahead_put(ahead: &mut ReadAhead, req: &PutRequest) {
+    ahead.keys.push(req.key.clone());
+    if req.lease != 0 {
+        ahead.leases.push(req.lease);
+    }
+}
+
+fn ahead_txn(ahead: &mut ReadAhead, req: &TxnRequest) {
+    use crate::proto::etcdserverpb::request_op::Request;
+    for compare in &req.compare {
+        ahead_key(ahead, &compare.key, &compare.range_end);
+    }
+    for op in req.success.iter().chain(&req.failure) {
+        match &op.request {
+            Some(Request::RequestPut(put)) => ahead_put(ahead, put),
+            Some(Request::RequestDeleteRange(delete)) => {
+                ahead_key(ahead, &delete.key, &delete.range_end)
+            }
+            Some(Request::RequestRange(range)) => ahead_key(ahead, &range.key, &range.range_end),
+            Some(Request::RequestTxn(nested)) => ahead_txn(ahead, nested),
+            None => {}
+        }
+    }
 }
 
 async fn apply<T: WriteTxn>(

@@ -18,6 +18,7 @@ mod lease;
 mod list;
 mod net;
 mod populate;
+mod proxy;
 mod put;
 mod range;
 mod report;
@@ -153,6 +154,9 @@ enum Scenario {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
         timeout: Duration,
     },
+    /// A TCP proxy adding a delay each way (the network to a managed
+    /// database) and counting round trips; runs until killed.
+    Proxy(proxy::ProxyArgs),
     /// Wait until the endpoint answers a Range (used by scripts/bench.sh).
     Wait {
         /// Give up after this long.
@@ -193,6 +197,11 @@ async fn run(cli: Cli) -> anyhow::Result<Report> {
         report.quiet = true;
         return Ok(report);
     }
+    if let Scenario::Proxy(args) = &cli.scenario {
+        proxy::run(args).await?;
+        report.quiet = true;
+        return Ok(report);
+    }
     if let Scenario::Failover(args) = &cli.scenario {
         report.results = vec![failover::run(&common, args).await?];
         return Ok(report);
@@ -210,7 +219,10 @@ async fn run(cli: Cli) -> anyhow::Result<Report> {
             let prefix = common.prefix_or(keys::DEFAULT_PREFIX);
             vec![populate::run(&common, &args, &channels, &prefix).await?]
         }
-        Scenario::Wait { .. } | Scenario::Leader { .. } | Scenario::Failover(_) => {
+        Scenario::Wait { .. }
+        | Scenario::Leader { .. }
+        | Scenario::Failover(_)
+        | Scenario::Proxy(_) => {
             unreachable!()
         }
     };

@@ -36,7 +36,7 @@ use mysql_async::{Conn, IoError, Opts, Pool};
 
 use self::connect::{connect_server, migrate, quote_ident};
 use self::endpoint::Endpoint;
-use self::queries::{query_revisions, select};
+use self::queries::select;
 use self::tls::ssl_opts;
 use self::txn::{MysqlRead, MysqlWrite, Session};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL};
@@ -157,25 +157,14 @@ impl Mysql {
             .context("cannot get a MySQL connection")
     }
 
-    /// A pooled connection with a transaction begun by `statement`.
-    async fn begin(&self, statement: &str) -> BackendResult<Session> {
-        // The pool checks a connection's socket before handing it out, but a
-        // server restart can still leave a dead one to be found on first
-        // use; nothing has happened yet, so take another.
-        let mut attempts = 0;
-        loop {
-            let mut conn = self.conn().await?;
-            match conn.query_drop(statement).await {
-                Ok(()) => {
-                    return Ok(Session {
-                        conn: Some(conn),
-                        open: true,
-                    });
-                }
-                Err(error) if error.is_fatal() && attempts < 3 => attempts += 1,
-                Err(error) => return Err(db_error(error).context(format!("MySQL: {statement}"))),
-            }
-        }
+    /// A pooled connection for a transaction begun by `statement`, which
+    /// goes out with its first statements.
+    async fn session(&self, statement: &'static str) -> BackendResult<Session> {
+        Ok(Session::new(
+            self.conn().await?,
+            self.pool.clone(),
+            statement,
+        ))
     }
 }
 
@@ -257,22 +246,20 @@ impl Backend for Mysql {
 
     async fn read(&self) -> BackendResult<MysqlRead> {
         let session = self
-            .begin("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            .session("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             .await?;
         Ok(MysqlRead { session })
     }
 
+    /// Sends nothing yet: the transaction begins and locks the counters
+    /// with its first statements, in one round trip. The lock comes before
+    /// anything else: InnoDB takes a REPEATABLE READ snapshot at the first
+    /// plain read, so every read of this transaction then sees what the
+    /// previous writer (of any instance) committed.
     async fn write(&self) -> BackendResult<MysqlWrite> {
-        let session = self.begin("START TRANSACTION READ WRITE").await?;
-        let mut txn = MysqlWrite {
-            session,
-            revisions: None,
-        };
-        // Lock the counters before anything else: InnoDB takes a REPEATABLE
-        // READ snapshot at the first plain read, so every read of this
-        // transaction then sees what the previous writer (of any instance) committed.
-        txn.revisions = Some(query_revisions(txn.session.conn(), true).await?);
-        Ok(txn)
+        Ok(MysqlWrite::new(
+            self.session("START TRANSACTION READ WRITE").await?,
+        ))
     }
 
     async fn size(&self) -> BackendResult<DatabaseSize> {

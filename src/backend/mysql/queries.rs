@@ -8,10 +8,13 @@ use mysql_async::{Conn, Params, Row, Value, from_row_opt};
 
 use super::db_error;
 use crate::backend::rows::{
-    Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
-    log_entry_from_row, revisions_from_row,
+    Column, Columns, ColumnsFrom, alarm_from_row, auth_record_from_row, kv_from_row,
+    lease_from_row, log_entry_from_row, revisions_from_row,
 };
-use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
+use crate::backend::{
+    AlarmRow, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow, LogEntry, ReadAt,
+    Revisions,
+};
 use crate::proto::mvccpb::KeyValue;
 
 /// Runs a prepared statement and decodes every row.
@@ -137,6 +140,65 @@ pub(super) async fn query_range(
         kv_from_row,
     )
     .await
+}
+
+/// `ReadTxn::current_range` in one statement (so one snapshot, even
+/// outside a transaction): the counters, the count or NULL, then each key's
+/// columns; a range with no keys still gives one row, of NULL keys. The
+/// statement takes start and end (if bounded) for the count, then for the
+/// keys, then the limit (0: no keys). Errors are the driver's, so that the
+/// caller can tell a dead connection.
+pub(super) async fn query_current_range(
+    conn: &mut Conn,
+    query: CurrentRangeQuery<'_>,
+) -> mysql_async::Result<CurrentRange> {
+    let range = query.range;
+    let end = if range.end.is_some() {
+        " AND `key` < ?"
+    } else {
+        ""
+    };
+    let value = if query.keys_only { "X''" } else { "value" };
+    let count = match query.count {
+        true => format!("(SELECT COUNT(*) FROM kv WHERE `key` >= ?{end})"),
+        false => "NULL".to_string(),
+    };
+    let sql = format!(
+        "SELECT m.revision, m.compact_revision, m.compacted_through, {count}, \
+           r.`key`, r.value, r.create_revision, r.mod_revision, r.version, r.lease \
+         FROM meta AS m LEFT JOIN (\
+           SELECT `key`, {value} AS value, create_revision, mod_revision, version, lease \
+           FROM kv WHERE `key` >= ?{end} ORDER BY `key` LIMIT ?\
+         ) AS r ON TRUE WHERE m.id = 1 ORDER BY r.`key`"
+    );
+    let limit = match (query.rows, query.limit) {
+        (false, _) => 0,
+        (true, 0) => NO_LIMIT,
+        (true, limit) => limit as u64,
+    };
+    let mut params = Vec::new();
+    if query.count {
+        params.extend(range_params(range, ReadAt::Current, None));
+    }
+    params.extend(range_params(range, ReadAt::Current, Some(limit)));
+    let rows: Vec<Row> = conn.exec(sql.as_str(), params).await?;
+    let decode = || -> anyhow::Result<CurrentRange> {
+        let first = rows.first().context("the meta table has no row")?;
+        let revisions = revisions_from_row(first)?;
+        let count: Option<i64> = first.column(3)?;
+        let mut kvs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.column::<Option<Vec<u8>>>(4)?.is_some() {
+                kvs.push(kv_from_row(&ColumnsFrom { row, first: 4 })?);
+            }
+        }
+        Ok(CurrentRange {
+            revisions,
+            kvs,
+            count: count.filter(|_| query.count),
+        })
+    };
+    decode().map_err(|error| mysql_async::Error::Other(error.into()))
 }
 
 pub(super) async fn query_count(

@@ -31,7 +31,8 @@ impl StreamRange for MysqlRead {
         let params = range_params(range, at, Some(limit));
         let rows = self
             .session
-            .conn()
+            .begun()
+            .await?
             .exec_iter(sql.as_str(), params)
             .await
             .map_err(db_error)

@@ -2,33 +2,108 @@
 //! always ends its transaction, the `ReadTxn` and `WriteTxn` impls, and the
 //! write statements.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, bail};
-use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Pool, Row};
 
 use super::queries::{
-    execute, query_alarms, query_auth_records, query_count, query_expired_leases, query_lease,
-    query_lease_keys, query_leases, query_log, query_range, query_revisions, query_setting,
+    execute, query_alarms, query_auth_records, query_count, query_current_range,
+    query_expired_leases, query_lease, query_lease_keys, query_leases, query_log, query_range,
+    query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
+use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row, revisions_from_row};
 use crate::backend::{
-    AlarmRow, AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
-    WriteTxn,
+    AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
+    LogEntry, ReadAhead, ReadAt, ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
-/// A pooled connection with an open transaction. If it is dropped before the
-/// transaction ends, the transaction is rolled back before the connection
-/// goes back to the pool.
+/// A pooled connection for one transaction, begun with its first
+/// statements. If it is dropped before the transaction ends, the
+/// transaction is rolled back before the connection goes back to the pool.
 pub(super) struct Session {
     pub(super) conn: Option<Conn>,
-    /// A transaction is open on `conn`.
+    /// A transaction is (or may be) open on `conn`.
     pub(super) open: bool,
+    /// The statement that begins the transaction, not sent yet: it goes out
+    /// with the first statements, and a read answered by one statement
+    /// outside any transaction never sends it.
+    pub(super) begin: Option<&'static str>,
+    /// Where a connection found dead before anything happened on it is
+    /// replaced from.
+    pub(super) pool: Pool,
 }
 
+/// How often a connection found dead at its first statement is replaced:
+/// the pool checks a connection's socket before handing it out, but a
+/// server restart can still leave a dead one to be found on first use.
+const FIRST_STATEMENT_ATTEMPTS: usize = 3;
+
 impl Session {
+    pub(super) fn new(conn: Conn, pool: Pool, begin: &'static str) -> Self {
+        Session {
+            conn: Some(conn),
+            open: false,
+            begin: Some(begin),
+            pool,
+        }
+    }
+
     pub(super) fn conn(&mut self) -> &mut Conn {
         self.conn.as_mut().expect("connection present until drop")
+    }
+
+    /// The connection, with the transaction begun.
+    pub(super) async fn begun(&mut self) -> BackendResult<&mut Conn> {
+        if self.begin.is_some() {
+            self.first_text(&[]).await?;
+        }
+        Ok(self.conn())
+    }
+
+    /// Sends the BEGIN not sent yet and `statements` as one multi-statement
+    /// text query, one round trip, and returns the rows of each of
+    /// `statements`. A connection found dead is replaced (nothing happened
+    /// on it).
+    pub(super) async fn first_text(
+        &mut self,
+        statements: &[String],
+    ) -> BackendResult<Vec<Vec<Row>>> {
+        let begin = self.begin.take();
+        let mut text: Vec<&str> = begin.iter().copied().collect();
+        text.extend(statements.iter().map(String::as_str));
+        let text = text.join("; ");
+        self.open |= begin.is_some();
+        let mut attempts = 0;
+        loop {
+            match run_text(
+                self.conn(),
+                &text,
+                usize::from(begin.is_some()) + statements.len(),
+            )
+            .await
+            {
+                Ok(mut sets) => {
+                    if begin.is_some() {
+                        sets.remove(0);
+                    }
+                    return Ok(sets);
+                }
+                Err(error)
+                    if begin.is_some()
+                        && error.is_fatal()
+                        && attempts < FIRST_STATEMENT_ATTEMPTS =>
+                {
+                    attempts += 1;
+                    let fresh = self.pool.get_conn().await.map_err(db_error)?;
+                    self.conn = Some(fresh);
+                }
+                Err(error) => return Err(db_error(error).context("MySQL statements failed")),
+            }
+        }
     }
 
     async fn end(&mut self, statement: &str) -> BackendResult<()> {
@@ -40,6 +115,18 @@ impl Session {
         self.open = false;
         Ok(())
     }
+}
+
+/// Runs `text`, `count` statements, and collects each one's rows (none for
+/// a statement that returns no result set).
+async fn run_text(conn: &mut Conn, text: &str, count: usize) -> mysql_async::Result<Vec<Vec<Row>>> {
+    let mut result = conn.query_iter(text).await?;
+    let mut sets = Vec::with_capacity(count);
+    for _ in 0..count {
+        sets.push(result.collect::<Row>().await?);
+    }
+    result.drop_result().await?;
+    Ok(sets)
 }
 
 impl Drop for Session {
@@ -72,20 +159,176 @@ pub struct MysqlRead {
     pub(super) session: Session,
 }
 
-/// A write transaction, holding the lock on the `meta` row until it ends.
+/// A write transaction, holding the lock on the `meta` row from its first
+/// statement until it ends. Its key, lease and counter writes are deferred
+/// and go out as one multi-statement text query with its next read or its
+/// COMMIT; what it read ahead or wrote answers its later reads of the same
+/// keys and leases.
 pub struct MysqlWrite {
     pub(super) session: Session,
-    /// The counters as locked (and as last stored by this transaction).
+    /// The counters as locked (and as last stored by this transaction);
+    /// None until the first statement has locked them.
     pub(super) revisions: Option<Revisions>,
+    /// The raised alarms, read with the lock, unless changed since.
+    alarms: Option<Vec<AlarmRow>>,
+    /// The live state of keys read ahead or written in this transaction.
+    keys: HashMap<Vec<u8>, Option<KeyValue>>,
+    /// Leases read ahead or written in this transaction.
+    leases: HashMap<i64, Option<LeaseRow>>,
+    /// Deferred writes, as SQL text with their values written out.
+    deferred: Vec<String>,
+    /// Their length in bytes.
+    deferred_bytes: usize,
+}
+
+/// Deferred writes are sent before their text grows past this, well below
+/// MySQL's smallest default `max_allowed_packet` (4 MiB in MySQL 5.7).
+const DEFERRED_BYTES: usize = 1 << 20;
+
+/// A log row with a value longer than this is written at once with a
+/// prepared statement, its value sent as bytes, rather than deferred as text.
+const LARGE_VALUE_BYTES: usize = 64 << 10;
+
+const LOCK_META: &str =
+    "SELECT revision, compact_revision, compacted_through FROM meta WHERE id = 1 FOR UPDATE";
+const READ_ALARMS: &str = "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm";
+
+impl MysqlWrite {
+    pub(super) fn new(session: Session) -> Self {
+        MysqlWrite {
+            session,
+            revisions: None,
+            alarms: None,
+            keys: HashMap::new(),
+            leases: HashMap::new(),
+            deferred: Vec::new(),
+            deferred_bytes: 0,
+        }
+    }
+
+    /// Begins, locks the counters and reads the alarms (and `ahead`), in
+    /// one round trip with the deferred writes, unless done already.
+    async fn lock(&mut self, ahead: Option<&ReadAhead>) -> BackendResult<()> {
+        let mut statements = std::mem::take(&mut self.deferred);
+        self.deferred_bytes = 0;
+        let writes = statements.len();
+        let locking = self.revisions.is_none();
+        if locking {
+            statements.push(LOCK_META.to_string());
+            statements.push(READ_ALARMS.to_string());
+        }
+        let keys = ahead.map_or(&[][..], |a| a.keys.as_slice());
+        let leases = ahead.map_or(&[][..], |a| a.leases.as_slice());
+        if !keys.is_empty() {
+            let list: Vec<String> = keys.iter().map(|k| bytes_literal(k)).collect();
+            statements.push(format!(
+                "SELECT `key`, value, create_revision, mod_revision, version, lease \
+                 FROM kv WHERE `key` IN ({})",
+                list.join(", ")
+            ));
+        }
+        if !leases.is_empty() {
+            let list: Vec<String> = leases.iter().map(i64::to_string).collect();
+            statements.push(format!(
+                "SELECT id, ttl, expires_at FROM lease WHERE id IN ({})",
+                list.join(", ")
+            ));
+        }
+        if statements.is_empty() {
+            return Ok(());
+        }
+        let mut sets = self
+            .session
+            .first_text(&statements)
+            .await?
+            .into_iter()
+            .skip(writes);
+        if locking {
+            let meta = sets.next().context("no answer to the meta lock")?;
+            let row = meta.first().context("the meta table has no row")?;
+            self.revisions = Some(revisions_from_row(row)?);
+            let alarms = sets.next().context("no answer to the alarm read")?;
+            self.alarms = Some(
+                alarms
+                    .iter()
+                    .map(alarm_from_row)
+                    .collect::<Result<_, _>>()?,
+            );
+        }
+        if !keys.is_empty() {
+            let rows = sets.next().context("no answer to the key read")?;
+            for key in keys {
+                self.keys.entry(key.clone()).or_insert(None);
+            }
+            for row in &rows {
+                let kv = kv_from_row(row)?;
+                self.keys.insert(kv.key.clone(), Some(kv));
+            }
+        }
+        if !leases.is_empty() {
+            let rows = sets.next().context("no answer to the lease read")?;
+            for id in leases {
+                self.leases.entry(*id).or_insert(None);
+            }
+            for row in &rows {
+                let lease = lease_from_row(row)?;
+                self.leases.insert(lease.id, Some(lease));
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection, with the counters locked and the deferred writes sent.
+    async fn ready(&mut self) -> BackendResult<&mut Conn> {
+        if self.revisions.is_none() || !self.deferred.is_empty() {
+            self.lock(None).await?;
+        }
+        Ok(self.session.conn())
+    }
+
+    /// Queues a write, sending the queue once it is long.
+    async fn defer(&mut self, sql: String) -> BackendResult<()> {
+        if self.revisions.is_none() {
+            self.lock(None).await?;
+        }
+        self.deferred_bytes += sql.len();
+        self.deferred.push(sql);
+        if self.deferred_bytes > DEFERRED_BYTES {
+            self.lock(None).await?;
+        }
+        Ok(())
+    }
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+
+/// `bytes` as a MySQL hexadecimal literal, which needs no escaping.
+fn bytes_literal(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(3 + 2 * bytes.len());
+    text.push_str("X'");
+    for byte in bytes {
+        text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(HEX_DIGITS[usize::from(byte & 0xf)]));
+    }
+    text.push('\'');
+    text
 }
 
 /// The read queries, shared by read and write transactions; `revisions`
-/// differs between them.
+/// differs between them, and a write transaction answers reads of what it
+/// read ahead or wrote itself.
 macro_rules! impl_read_txn {
     ($ty:ty) => {
         impl ReadTxn for $ty {
             async fn revisions(&mut self) -> BackendResult<Revisions> {
                 self.current_revisions().await
+            }
+
+            async fn current_range(
+                &mut self,
+                query: CurrentRangeQuery<'_>,
+            ) -> BackendResult<CurrentRange> {
+                self.read_current_range(query).await
             }
 
             async fn range(
@@ -95,11 +338,14 @@ macro_rules! impl_read_txn {
                 limit: usize,
                 keys_only: bool,
             ) -> BackendResult<Vec<KeyValue>> {
-                query_range(self.session.conn(), range, at, limit, keys_only).await
+                if let Some(known) = self.known_range(range, at) {
+                    return Ok(known);
+                }
+                query_range(self.read_conn().await?, range, at, limit, keys_only).await
             }
 
             async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
-                query_count(self.session.conn(), range, at).await
+                query_count(self.read_conn().await?, range, at).await
             }
 
             async fn log_entries(
@@ -107,19 +353,22 @@ macro_rules! impl_read_txn {
                 after: i64,
                 through: i64,
             ) -> BackendResult<Vec<LogEntry>> {
-                query_log(self.session.conn(), after, through).await
+                query_log(self.read_conn().await?, after, through).await
             }
 
             async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
-                query_setting(self.session.conn(), name).await
+                query_setting(self.read_conn().await?, name).await
             }
 
             async fn lease(&mut self, id: i64) -> BackendResult<Option<LeaseRow>> {
-                query_lease(self.session.conn(), id).await
+                if let Some(known) = self.known_lease(id) {
+                    return Ok(known);
+                }
+                query_lease(self.read_conn().await?, id).await
             }
 
             async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
-                query_leases(self.session.conn()).await
+                query_leases(self.read_conn().await?).await
             }
 
             async fn expired_leases(
@@ -127,22 +376,25 @@ macro_rules! impl_read_txn {
                 now_ms: i64,
                 limit: usize,
             ) -> BackendResult<Vec<i64>> {
-                query_expired_leases(self.session.conn(), now_ms, limit).await
+                query_expired_leases(self.read_conn().await?, now_ms, limit).await
             }
 
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
-                query_lease_keys(self.session.conn(), id).await
+                query_lease_keys(self.read_conn().await?, id).await
             }
 
             async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
-                query_alarms(self.session.conn()).await
+                if let Some(known) = self.known_alarms() {
+                    return Ok(known);
+                }
+                query_alarms(self.read_conn().await?).await
             }
 
             async fn auth_records(
                 &mut self,
                 kind: AuthKind,
             ) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
-                query_auth_records(self.session.conn(), kind).await
+                query_auth_records(self.read_conn().await?, kind).await
             }
         }
     };
@@ -153,27 +405,111 @@ impl_read_txn!(MysqlWrite);
 
 impl MysqlRead {
     async fn current_revisions(&mut self) -> BackendResult<Revisions> {
-        query_revisions(self.session.conn(), false).await
+        query_revisions(self.session.begun().await?, false).await
+    }
+
+    async fn read_conn(&mut self) -> BackendResult<&mut Conn> {
+        self.session.begun().await
+    }
+
+    /// One statement outside any transaction when it is the first (one
+    /// snapshot, one round trip, nothing to roll back); else in the
+    /// transaction.
+    async fn read_current_range(
+        &mut self,
+        query: CurrentRangeQuery<'_>,
+    ) -> BackendResult<CurrentRange> {
+        if self.session.begin.is_none() {
+            let conn = self.session.conn();
+            return query_current_range(conn, query).await.map_err(db_error);
+        }
+        let mut attempts = 0;
+        loop {
+            match query_current_range(self.session.conn(), query).await {
+                Ok(read) => return Ok(read),
+                Err(error) if error.is_fatal() && attempts < FIRST_STATEMENT_ATTEMPTS => {
+                    attempts += 1;
+                    let fresh = self.session.pool.get_conn().await.map_err(db_error)?;
+                    self.session.conn = Some(fresh);
+                }
+                Err(error) => return Err(db_error(error).context("MySQL range failed")),
+            }
+        }
+    }
+
+    fn known_range(&self, _range: &KeyRange, _at: ReadAt) -> Option<Vec<KeyValue>> {
+        None
+    }
+
+    fn known_lease(&self, _id: i64) -> Option<Option<LeaseRow>> {
+        None
+    }
+
+    fn known_alarms(&self) -> Option<Vec<AlarmRow>> {
+        None
     }
 }
 
 impl MysqlWrite {
-    /// The counters, locked `FOR UPDATE` when the transaction began (so that
-    /// other instances' writers wait for this one), and kept up to date by
-    /// `set_revisions`.
+    /// The counters, locked `FOR UPDATE` by the transaction's first
+    /// statements (so that other instances' writers wait for this one),
+    /// and kept up to date by `set_revisions`.
     async fn current_revisions(&mut self) -> BackendResult<Revisions> {
-        match self.revisions {
-            Some(revisions) => Ok(revisions),
-            None => {
-                let revisions = query_revisions(self.session.conn(), true).await?;
-                self.revisions = Some(revisions);
-                Ok(revisions)
-            }
+        if self.revisions.is_none() {
+            self.lock(None).await?;
         }
+        Ok(self.revisions.expect("locked"))
+    }
+
+    async fn read_conn(&mut self) -> BackendResult<&mut Conn> {
+        self.ready().await
+    }
+
+    async fn read_current_range(
+        &mut self,
+        query: CurrentRangeQuery<'_>,
+    ) -> BackendResult<CurrentRange> {
+        let revisions = self.current_revisions().await?;
+        let kvs = match query.rows {
+            true => {
+                self.range(query.range, ReadAt::Current, query.limit, query.keys_only)
+                    .await?
+            }
+            false => Vec::new(),
+        };
+        let count = match query.count {
+            true => Some(self.count(query.range, ReadAt::Current).await?),
+            false => None,
+        };
+        Ok(CurrentRange {
+            revisions,
+            kvs,
+            count,
+        })
+    }
+
+    fn known_range(&self, range: &KeyRange, at: ReadAt) -> Option<Vec<KeyValue>> {
+        if at != ReadAt::Current || self.revisions.is_none() {
+            return None;
+        }
+        let known = self.keys.get(range.as_single()?)?;
+        Some(known.iter().cloned().collect())
+    }
+
+    fn known_lease(&self, id: i64) -> Option<Option<LeaseRow>> {
+        self.revisions.and(self.leases.get(&id).copied())
+    }
+
+    fn known_alarms(&self) -> Option<Vec<AlarmRow>> {
+        self.revisions.and(self.alarms.clone())
     }
 }
 
 impl WriteTxn for MysqlWrite {
+    async fn read_ahead(&mut self, ahead: &ReadAhead) -> BackendResult<()> {
+        self.lock(Some(ahead)).await
+    }
+
     async fn append(&mut self, entry: &LogEntry) -> BackendResult<()> {
         let kv = &entry.kv;
         if kv.key.len() > MAX_KEY_BYTES {
@@ -182,56 +518,70 @@ impl WriteTxn for MysqlWrite {
                 kv.key.len()
             );
         }
-        let conn = self.session.conn();
-        execute(
-            conn,
-            "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, deleted) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
+        let key = bytes_literal(&kv.key);
+        if kv.value.len() > LARGE_VALUE_BYTES {
+            // A round trip of its own, after the deferred writes: as hex
+            // text the value would take twice its size, and mysql_async
+            // keeps the buffers of large queries in its pool.
+            let conn = self.ready().await?;
+            execute(
+                conn,
+                "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, \
+                 deleted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    kv.mod_revision,
+                    entry.sub,
+                    kv.key.as_slice(),
+                    kv.value.as_slice(),
+                    kv.create_revision,
+                    kv.version,
+                    kv.lease,
+                    i64::from(entry.deleted),
+                ),
+            )
+            .await?;
+        } else {
+            self.defer(format!(
+                "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, \
+                 deleted) VALUES ({}, {}, {key}, {}, {}, {}, {}, {})",
                 kv.mod_revision,
                 entry.sub,
-                kv.key.as_slice(),
-                kv.value.as_slice(),
+                bytes_literal(&kv.value),
                 kv.create_revision,
                 kv.version,
                 kv.lease,
                 i64::from(entry.deleted),
-            ),
-        )
-        .await?;
+            ))
+            .await?;
+        }
         if entry.deleted {
-            execute(conn, "DELETE FROM kv WHERE `key` = ?", (kv.key.as_slice(),)).await
+            self.defer(format!("DELETE FROM kv WHERE `key` = {key}"))
+                .await?;
         } else {
+            // The value is copied from the log row rather than sent twice.
             // VALUES() rather than MySQL 8's row alias, which MariaDB lacks.
-            execute(
-                conn,
+            self.defer(format!(
                 "INSERT INTO kv (`key`, value, create_revision, mod_revision, version, lease) \
-                 VALUES (?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE value = VALUES(value), \
+                 SELECT `key`, value, create_revision, revision, version, lease FROM log \
+                 WHERE revision = {} AND sub = {} \
+                 ON DUPLICATE KEY UPDATE value = VALUES(value), \
                  create_revision = VALUES(create_revision), mod_revision = VALUES(mod_revision), \
                  version = VALUES(version), lease = VALUES(lease)",
-                (
-                    kv.key.as_slice(),
-                    kv.value.as_slice(),
-                    kv.create_revision,
-                    kv.mod_revision,
-                    kv.version,
-                    kv.lease,
-                ),
-            )
-            .await
+                kv.mod_revision, entry.sub,
+            ))
+            .await?;
         }
+        let live = (!entry.deleted).then(|| kv.clone());
+        self.keys.insert(kv.key.clone(), live);
+        Ok(())
     }
 
     async fn set_revisions(&mut self, revisions: Revisions) -> BackendResult<()> {
-        execute(
-            self.session.conn(),
-            "UPDATE meta SET revision = ?, compact_revision = ?, compacted_through = ? WHERE id = 1",
-            (
-                revisions.current,
-                revisions.compact,
-                revisions.compacted_through,
-            ),
-        )
+        self.defer(format!(
+            "UPDATE meta SET revision = {}, compact_revision = {}, compacted_through = {} \
+             WHERE id = 1",
+            revisions.current, revisions.compact, revisions.compacted_through,
+        ))
         .await?;
         self.revisions = Some(revisions);
         Ok(())
@@ -239,7 +589,7 @@ impl WriteTxn for MysqlWrite {
 
     async fn remove_history_before(&mut self, entry: &LogEntry) -> BackendResult<()> {
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "DELETE FROM log WHERE `key` = ? AND revision <= ? AND (revision < ? OR sub < ?)",
             (
                 entry.kv.key.as_slice(),
@@ -253,7 +603,7 @@ impl WriteTxn for MysqlWrite {
 
     async fn remove_entry(&mut self, entry: &LogEntry) -> BackendResult<()> {
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "DELETE FROM log WHERE revision = ? AND sub = ?",
             (entry.kv.mod_revision, entry.sub),
         )
@@ -262,7 +612,7 @@ impl WriteTxn for MysqlWrite {
 
     async fn set_setting(&mut self, name: &str, value: i64) -> BackendResult<()> {
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "INSERT INTO settings (name, value) VALUES (?, ?) \
              ON DUPLICATE KEY UPDATE value = VALUES(value)",
             (name, value),
@@ -271,22 +621,27 @@ impl WriteTxn for MysqlWrite {
     }
 
     async fn put_lease(&mut self, lease: &LeaseRow) -> BackendResult<()> {
-        execute(
-            self.session.conn(),
-            "INSERT INTO lease (id, ttl, expires_at) VALUES (?, ?, ?) \
+        self.defer(format!(
+            "INSERT INTO lease (id, ttl, expires_at) VALUES ({}, {}, {}) \
              ON DUPLICATE KEY UPDATE ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
-            (lease.id, lease.ttl, lease.expires_at),
-        )
-        .await
+            lease.id, lease.ttl, lease.expires_at,
+        ))
+        .await?;
+        self.leases.insert(lease.id, Some(*lease));
+        Ok(())
     }
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
-        execute(self.session.conn(), "DELETE FROM lease WHERE id = ?", (id,)).await
+        self.defer(format!("DELETE FROM lease WHERE id = {id}"))
+            .await?;
+        self.leases.insert(id, None);
+        Ok(())
     }
 
     async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        self.alarms = None;
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "INSERT IGNORE INTO alarm (member_id, alarm) VALUES (?, ?)",
             (alarm.member_id, alarm.alarm),
         )
@@ -300,7 +655,7 @@ impl WriteTxn for MysqlWrite {
         record: &[u8],
     ) -> BackendResult<()> {
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "INSERT INTO auth (kind, name, record) VALUES (?, ?, ?) \
              ON DUPLICATE KEY UPDATE record = VALUES(record)",
             (kind.as_str(), name, record),
@@ -309,8 +664,9 @@ impl WriteTxn for MysqlWrite {
     }
 
     async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
+        self.alarms = None;
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "DELETE FROM alarm WHERE member_id = ? AND alarm = ?",
             (alarm.member_id, alarm.alarm),
         )
@@ -319,7 +675,7 @@ impl WriteTxn for MysqlWrite {
 
     async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
         execute(
-            self.session.conn(),
+            self.ready().await?,
             "DELETE FROM auth WHERE kind = ? AND name = ?",
             (kind.as_str(), name),
         )
@@ -328,12 +684,30 @@ impl WriteTxn for MysqlWrite {
 
     async fn clear(&mut self) -> BackendResult<()> {
         for table in ["log", "kv", "lease", "settings", "alarm", "auth"] {
-            execute(self.session.conn(), &format!("DELETE FROM {table}"), ()).await?;
+            execute(self.ready().await?, &format!("DELETE FROM {table}"), ()).await?;
         }
+        self.keys.clear();
+        self.leases.clear();
+        self.alarms = Some(Vec::new());
         self.set_revisions(Revisions::EMPTY_STORE).await
     }
 
+    /// The deferred writes and COMMIT, in one round trip.
     async fn commit(mut self) -> BackendResult<()> {
-        self.session.end("COMMIT").await
+        if self.session.begin.is_some() {
+            return Ok(()); // Nothing was sent: nothing to commit.
+        }
+        if self.deferred.is_empty() {
+            return self.session.end("COMMIT").await;
+        }
+        let mut text = std::mem::take(&mut self.deferred);
+        text.push("COMMIT".to_string());
+        let count = text.len();
+        run_text(self.session.conn(), &text.join("; "), count)
+            .await
+            .map_err(db_error)
+            .context("MySQL: COMMIT with the transaction's last writes")?;
+        self.session.open = false;
+        Ok(())
     }
 }

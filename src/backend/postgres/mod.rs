@@ -39,9 +39,8 @@ use tokio_postgres::Client;
 
 use self::connect::{Connector, is_transient, migrate};
 use self::endpoint::Target;
-use self::queries::revisions_from;
 use self::sessions::{AbortOnDrop, Listener, LockSession, lock_key, simple_value};
-use self::txn::{BEGIN_READ, BEGIN_WRITE, LOCK_META, PostgresRead, PostgresWrite, TxnConn};
+use self::txn::{BEGIN_READ, BEGIN_WRITE, PostgresRead, PostgresWrite, TxnConn};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL, Notifications};
 use super::{Backend, BackendResult, DatabaseSize, Unavailable};
 use crate::backend::datastore::DatastoreTls;
@@ -171,15 +170,16 @@ impl Backend for Postgres {
         })
     }
 
-    /// Begins and locks the `meta` row at once, rather than in
-    /// `revisions()`: every write transaction (the identity setup included)
-    /// then waits for other instances' writers before it reads anything, and
-    /// under READ COMMITTED each later statement sees what they committed.
+    /// Sends nothing yet: BEGIN and the `meta` row lock go out with the
+    /// transaction's first statement, in one round trip, so every write
+    /// transaction (the identity setup included) still waits for other
+    /// instances' writers before it reads anything, and under READ
+    /// COMMITTED each later statement sees what they committed.
     async fn write(&self) -> BackendResult<PostgresWrite> {
-        let mut conn = TxnConn::new(self.pooled().await?, BEGIN_WRITE);
-        let rows = conn.query(LOCK_META, &[]).await?;
-        let revisions = revisions_from(&rows)?;
-        Ok(PostgresWrite { conn, revisions })
+        Ok(PostgresWrite::new(TxnConn::new(
+            self.pooled().await?,
+            BEGIN_WRITE,
+        )))
     }
 
     async fn size(&self) -> BackendResult<DatabaseSize> {

@@ -10,10 +10,13 @@ use tokio_postgres::types::ToSql;
 
 use super::txn::TxnConn;
 use crate::backend::rows::{
-    Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
-    log_entry_from_row, revisions_from_row,
+    Column, Columns, ColumnsFrom, alarm_from_row, auth_record_from_row, kv_from_row,
+    lease_from_row, log_entry_from_row, revisions_from_row,
 };
-use crate::backend::{AlarmRow, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, Revisions};
+use crate::backend::{
+    AlarmRow, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow, LogEntry, ReadAt,
+    Revisions,
+};
 use crate::proto::mvccpb::KeyValue;
 
 const READ_META: &str =
@@ -101,6 +104,47 @@ static COUNT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     all
 });
 
+/// Current-range statements (`ReadTxn::current_range`): the counters, the
+/// count or NULL, then each key's columns, in one statement and so from one
+/// snapshot, with or without an upper bound, values and the count.
+/// Parameters: $1 start, $2 end when bounded, then the limit (0: no keys).
+/// A range with no keys still gives the counters, in one row of NULL keys.
+/// The keys come out of the join in the subquery's key order (one meta row
+/// drives a nested loop); `current_range` checks it.
+static CURRENT_RANGE_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let mut all = Vec::new();
+    for bounded in [false, true] {
+        for keys_only in [false, true] {
+            for count in [false, true] {
+                let value = if keys_only { "''::BYTEA" } else { "value" };
+                let (end, limit) = if bounded {
+                    (" AND key < $2", "$3")
+                } else {
+                    ("", "$2")
+                };
+                let count = if count {
+                    format!("(SELECT COUNT(*) FROM kv WHERE key >= $1{end})")
+                } else {
+                    "NULL::BIGINT".to_string()
+                };
+                all.push(format!(
+                    "SELECT m.revision, m.compact_revision, m.compacted_through, {count}, \
+                       r.key, r.value, r.create_revision, r.mod_revision, r.version, r.lease \
+                     FROM meta AS m LEFT JOIN LATERAL (\
+                       SELECT key, {value} AS value, create_revision, mod_revision, version, lease \
+                       FROM kv WHERE key >= $1{end} ORDER BY key LIMIT {limit}\
+                     ) AS r ON TRUE WHERE m.id = 1"
+                ));
+            }
+        }
+    }
+    all
+});
+
+pub(super) fn current_range_sql(bounded: bool, keys_only: bool, count: bool) -> &'static str {
+    &CURRENT_RANGE_SQL[usize::from(bounded) * 4 + usize::from(keys_only) * 2 + usize::from(count)]
+}
+
 pub(super) fn range_sql(at: ReadAt, bounded: bool, keys_only: bool) -> &'static str {
     let history = matches!(at, ReadAt::Revision(_));
     &RANGE_SQL[usize::from(history) * 4 + usize::from(bounded) * 2 + usize::from(keys_only)]
@@ -166,6 +210,48 @@ impl TxnConn {
             bail!("Postgres returned a range out of key order");
         }
         Ok(kvs)
+    }
+
+    /// `ReadTxn::current_range` in one statement. Sent first, it runs
+    /// outside any transaction: one statement, one snapshot, one round trip,
+    /// and nothing to roll back.
+    pub(super) async fn current_range(
+        &mut self,
+        query: CurrentRangeQuery<'_>,
+    ) -> BackendResult<CurrentRange> {
+        let range = query.range;
+        let limit = match query.rows {
+            true => sql_limit(query.limit),
+            false => Some(0),
+        };
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&range.start];
+        if let Some(end) = &range.end {
+            params.push(end);
+        }
+        params.push(&limit);
+        let sql = current_range_sql(range.end.is_some(), query.keys_only, query.count);
+        // No BEGIN when nothing was sent yet: the statement is the read.
+        let begin = self.begin.take();
+        let rows = self.query(sql, &params).await;
+        self.begin = begin;
+        let rows = rows?;
+        let first = rows.first().context("the meta row is missing")?;
+        let revisions = revisions_from_row(first)?;
+        let count: Option<i64> = first.try_get(3)?;
+        let mut kvs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.try_get::<_, Option<Vec<u8>>>(4)?.is_some() {
+                kvs.push(kv_from_row(&ColumnsFrom { row, first: 4 })?);
+            }
+        }
+        if !kvs.is_sorted_by(|a, b| a.key < b.key) {
+            bail!("Postgres returned a range out of key order");
+        }
+        Ok(CurrentRange {
+            revisions,
+            kvs,
+            count: count.filter(|_| query.count),
+        })
     }
 
     pub(super) async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {

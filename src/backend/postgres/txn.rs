@@ -2,28 +2,85 @@
 //! begins a transaction with its first statement and always ends it, the
 //! transaction types, and the write statements.
 
-use anyhow::bail;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use anyhow::{Context, bail};
 use deadpool_postgres::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, RowStream};
 
 use super::db_error;
+use super::queries::revisions_from;
+use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row};
 use crate::backend::{
-    AlarmRow, AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
-    WriteTxn,
+    AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
+    LogEntry, ReadAhead, ReadAt, ReadTxn, Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
 /// A pooled connection running one transaction. Whatever way it ends, the
 /// connection goes back to the pool outside any transaction, or is closed.
+///
+/// Statements go out pipelined: tokio-postgres sends a query as soon as its
+/// future is first polled, so the BEGIN not sent yet, the writes nobody
+/// waits for (`defer`) and the statements waited for all leave in one
+/// flight and cost one round trip together.
 pub(super) struct TxnConn {
-    client: Option<Object>,
+    pub(super) client: Option<Object>,
     /// The BEGIN not sent yet: it goes out with the first statement, in one
     /// round trip, and a read that issues no statement never begins at all.
-    begin: Option<&'static str>,
+    pub(super) begin: Option<&'static str>,
     /// A statement failed, so Postgres has aborted the transaction (and
     /// would answer COMMIT with a silent ROLLBACK).
-    failed: bool,
+    pub(super) failed: bool,
+    /// Writes not sent yet: they go out ahead of the next statement.
+    deferred: Vec<Deferred>,
+}
+
+/// A write whose result nobody waits for, with its parameters.
+struct Deferred {
+    sql: &'static str,
+    params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+/// A statement to run and wait for, with its parameters.
+pub(super) type Statement<'a> = (&'a str, &'a [&'a (dyn ToSql + Sync)]);
+
+/// A query's future, boxed so that statements of all kinds go in one list.
+type Pending<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>>;
+
+/// Polls `futures` in their order until all are done; the first round of
+/// polls is in that order too, so their statements are sent in it.
+async fn all_in_order(
+    mut futures: Vec<Pending<'_>>,
+) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
+    let mut outputs: Vec<Option<Result<Vec<Row>, tokio_postgres::Error>>> =
+        futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(result) => *output = Some(result),
+                    Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|output| output.expect("every future is done"))
+        .collect()
 }
 
 impl TxnConn {
@@ -32,7 +89,13 @@ impl TxnConn {
             client: Some(client),
             begin: Some(begin),
             failed: false,
+            deferred: Vec::new(),
         }
+    }
+
+    /// Queues a write; it is sent ahead of the next statement run.
+    pub(super) fn defer(&mut self, sql: &'static str, params: Vec<Box<dyn ToSql + Sync + Send>>) {
+        self.deferred.push(Deferred { sql, params });
     }
 
     pub(super) async fn query(
@@ -40,26 +103,69 @@ impl TxnConn {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> BackendResult<Vec<Row>> {
+        let mut rows = self.pipeline(&[(sql, params)], None).await?;
+        Ok(rows.pop().expect("one result per statement"))
+    }
+
+    /// Runs `statements` in one round trip, after the BEGIN and the
+    /// deferred writes not sent yet, and then `end` (COMMIT) if given; the
+    /// rows of each of `statements`. The first error is the answer.
+    pub(super) async fn pipeline(
+        &mut self,
+        statements: &[Statement<'_>],
+        end: Option<&'static str>,
+    ) -> BackendResult<Vec<Vec<Row>>> {
         let client = self
             .client
             .as_ref()
             .expect("connection present until the transaction ends");
+        let deferred = std::mem::take(&mut self.deferred);
+        let begin = self.begin.take();
         let result = async {
-            let statement = client.prepare_cached(sql).await?;
-            match self.begin.take() {
-                None => client.query(&statement, params).await,
-                Some(begin) => {
-                    // `biased` polls (and so sends) BEGIN first: the
-                    // statement must run inside the transaction.
-                    let (began, rows) = tokio::join!(
-                        biased;
-                        client.batch_execute(begin),
-                        client.query(&statement, params),
-                    );
-                    began?;
-                    rows
+            let mut prepared = Vec::with_capacity(deferred.len() + statements.len());
+            for sql in deferred
+                .iter()
+                .map(|d| d.sql)
+                .chain(statements.iter().map(|s| s.0))
+            {
+                prepared.push(client.prepare_cached(sql).await?);
+            }
+            let deferred_params: Vec<Vec<&(dyn ToSql + Sync)>> = deferred
+                .iter()
+                .map(|d| {
+                    d.params
+                        .iter()
+                        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                        .collect()
+                })
+                .collect();
+            let params = deferred_params
+                .iter()
+                .map(Vec::as_slice)
+                .chain(statements.iter().map(|s| s.1));
+            let mut futures: Vec<Pending<'_>> = Vec::with_capacity(prepared.len() + 2);
+            if let Some(begin) = begin {
+                futures.push(Box::pin(async move {
+                    client.batch_execute(begin).await.map(|()| Vec::new())
+                }));
+            }
+            for (statement, params) in prepared.iter().zip(params) {
+                futures.push(Box::pin(client.query(statement, params)));
+            }
+            if let Some(end) = end {
+                futures.push(Box::pin(async move {
+                    client.batch_execute(end).await.map(|()| Vec::new())
+                }));
+            }
+            let skip = usize::from(begin.is_some()) + deferred.len();
+            let mut rows = Vec::with_capacity(statements.len());
+            for (i, result) in all_in_order(futures).await.into_iter().enumerate() {
+                let result = result?;
+                if i >= skip && rows.len() < statements.len() {
+                    rows.push(result);
                 }
             }
+            Ok(rows)
         }
         .await;
         result.map_err(|error| {
@@ -84,6 +190,10 @@ impl TxnConn {
             .as_ref()
             .expect("connection present until the transaction ends");
         let result = async {
+            debug_assert!(
+                self.deferred.is_empty(),
+                "a read transaction writes nothing"
+            );
             let statement = client.prepare_cached(sql).await?;
             if let Some(begin) = self.begin.take() {
                 client.batch_execute(begin).await?;
@@ -145,11 +255,104 @@ pub struct PostgresRead {
     pub(super) conn: TxnConn,
 }
 
-/// A write transaction on a pooled connection, holding the `meta` row lock.
+/// A write transaction on a pooled connection, holding the `meta` row lock
+/// from its first statement on. Its writes are deferred (`TxnConn::defer`)
+/// and go out with its next read or its COMMIT; what it read ahead or wrote
+/// answers its later reads of the same keys and leases.
 pub struct PostgresWrite {
     pub(super) conn: TxnConn,
-    /// The counters as locked, or as last set in this transaction.
-    pub(super) revisions: Revisions,
+    /// The counters as locked, or as last set in this transaction; None
+    /// until the first statement has locked them.
+    pub(super) revisions: Option<Revisions>,
+    /// The raised alarms, read with the lock, unless changed since.
+    alarms: Option<Vec<AlarmRow>>,
+    /// The live state of keys read ahead or written in this transaction.
+    keys: HashMap<Vec<u8>, Option<KeyValue>>,
+    /// Leases read ahead or written in this transaction.
+    leases: HashMap<i64, Option<LeaseRow>>,
+}
+
+const READ_ALARMS: &str = "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm";
+const READ_KEYS: &str = "SELECT key, value, create_revision, mod_revision, version, lease \
+                         FROM kv WHERE key = ANY($1)";
+const READ_LEASES: &str = "SELECT id, ttl, expires_at FROM lease WHERE id = ANY($1)";
+
+impl PostgresWrite {
+    pub(super) fn new(conn: TxnConn) -> Self {
+        PostgresWrite {
+            conn,
+            revisions: None,
+            alarms: None,
+            keys: HashMap::new(),
+            leases: HashMap::new(),
+        }
+    }
+
+    /// Sends BEGIN, locks the counters and reads the alarms (and `ahead`)
+    /// in one round trip, unless that was done already.
+    async fn lock(&mut self, ahead: Option<&ReadAhead>) -> BackendResult<()> {
+        let no_params: &[&(dyn ToSql + Sync)] = &[];
+        let keys: Vec<&[u8]> =
+            ahead.map_or(Vec::new(), |a| a.keys.iter().map(Vec::as_slice).collect());
+        let leases: Vec<i64> = ahead.map_or(Vec::new(), |a| a.leases.clone());
+        let key_params: [&(dyn ToSql + Sync); 1] = [&keys];
+        let lease_params: [&(dyn ToSql + Sync); 1] = [&leases];
+        let mut statements: Vec<Statement<'_>> = Vec::with_capacity(4);
+        if self.revisions.is_none() {
+            statements.push((LOCK_META, no_params));
+            statements.push((READ_ALARMS, no_params));
+        }
+        if !keys.is_empty() {
+            statements.push((READ_KEYS, &key_params));
+        }
+        if !leases.is_empty() {
+            statements.push((READ_LEASES, &lease_params));
+        }
+        if statements.is_empty() {
+            return Ok(());
+        }
+        let mut results = self.conn.pipeline(&statements, None).await?.into_iter();
+        if self.revisions.is_none() {
+            let meta = results.next().context("no answer to the meta lock")?;
+            self.revisions = Some(revisions_from(&meta)?);
+            let alarms = results.next().context("no answer to the alarm read")?;
+            self.alarms = Some(
+                alarms
+                    .iter()
+                    .map(alarm_from_row)
+                    .collect::<Result<_, _>>()?,
+            );
+        }
+        if !keys.is_empty() {
+            let rows = results.next().context("no answer to the key read")?;
+            for key in keys {
+                self.keys.entry(key.to_vec()).or_insert(None);
+            }
+            for row in &rows {
+                let kv = kv_from_row(row)?;
+                self.keys.insert(kv.key.clone(), Some(kv));
+            }
+        }
+        if !leases.is_empty() {
+            let rows = results.next().context("no answer to the lease read")?;
+            for id in leases {
+                self.leases.entry(id).or_insert(None);
+            }
+            for row in &rows {
+                let lease = lease_from_row(row)?;
+                self.leases.insert(lease.id, Some(lease));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the counters are locked before anything else runs.
+    async fn locked(&mut self) -> BackendResult<Revisions> {
+        if self.revisions.is_none() {
+            self.lock(None).await?;
+        }
+        Ok(self.revisions.expect("locked"))
+    }
 }
 
 pub(super) const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
@@ -215,23 +418,107 @@ impl ReadTxn for PostgresRead {
         self.conn.revisions().await
     }
 
-    forward_reads!();
-}
-
-impl ReadTxn for PostgresWrite {
-    /// No query: this transaction holds the meta row lock, so no one else
-    /// can have changed the counters since it locked or set them.
-    async fn revisions(&mut self) -> BackendResult<Revisions> {
-        Ok(self.revisions)
+    /// One statement, outside any transaction when it is the first.
+    async fn current_range(&mut self, query: CurrentRangeQuery<'_>) -> BackendResult<CurrentRange> {
+        self.conn.current_range(query).await
     }
 
     forward_reads!();
 }
 
+impl ReadTxn for PostgresWrite {
+    /// No query once locked: this transaction holds the meta row lock, so
+    /// no one else can have changed the counters since it locked or set them.
+    async fn revisions(&mut self) -> BackendResult<Revisions> {
+        self.locked().await
+    }
+
+    async fn range(
+        &mut self,
+        range: &KeyRange,
+        at: ReadAt,
+        limit: usize,
+        keys_only: bool,
+    ) -> BackendResult<Vec<KeyValue>> {
+        self.locked().await?;
+        if at == ReadAt::Current
+            && let Some(known) = range.as_single().and_then(|key| self.keys.get(key))
+        {
+            return Ok(known.iter().cloned().collect());
+        }
+        self.conn.range(range, at, limit, keys_only).await
+    }
+
+    async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
+        self.locked().await?;
+        self.conn.count(range, at).await
+    }
+
+    async fn log_entries(&mut self, after: i64, through: i64) -> BackendResult<Vec<LogEntry>> {
+        self.locked().await?;
+        self.conn.log_entries(after, through).await
+    }
+
+    async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
+        self.locked().await?;
+        self.conn.setting(name).await
+    }
+
+    async fn lease(&mut self, id: i64) -> BackendResult<Option<LeaseRow>> {
+        self.locked().await?;
+        if let Some(known) = self.leases.get(&id) {
+            return Ok(*known);
+        }
+        self.conn.lease(id).await
+    }
+
+    async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
+        self.locked().await?;
+        self.conn.leases().await
+    }
+
+    async fn expired_leases(&mut self, now_ms: i64, limit: usize) -> BackendResult<Vec<i64>> {
+        self.locked().await?;
+        self.conn.expired_leases(now_ms, limit).await
+    }
+
+    async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
+        self.locked().await?;
+        self.conn.lease_keys(id).await
+    }
+
+    async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
+        self.locked().await?;
+        if let Some(alarms) = &self.alarms {
+            return Ok(alarms.clone());
+        }
+        let alarms = self.conn.alarms().await?;
+        self.alarms = Some(alarms.clone());
+        Ok(alarms)
+    }
+
+    async fn auth_records(&mut self, kind: AuthKind) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.locked().await?;
+        self.conn.auth_records(kind).await
+    }
+}
+
+/// Boxes a write's parameters for `TxnConn::defer`.
+macro_rules! params {
+    ($($param:expr),* $(,)?) => {
+        vec![$(Box::new($param) as Box<dyn ToSql + Sync + Send>),*]
+    };
+}
+
 impl WriteTxn for PostgresWrite {
+    async fn read_ahead(&mut self, ahead: &ReadAhead) -> BackendResult<()> {
+        self.lock(Some(ahead)).await
+    }
+
     async fn append(&mut self, entry: &LogEntry) -> BackendResult<()> {
+        self.locked().await?;
         let kv = &entry.kv;
-        // One statement, one round trip: the log row and the kv change.
+        // One statement: the log row and the kv change.
         let sql = if entry.deleted {
             "WITH logged AS (\
                INSERT INTO log (revision, sub, key, value, create_revision, version, lease, deleted) \
@@ -247,100 +534,96 @@ impl WriteTxn for PostgresWrite {
                create_revision = EXCLUDED.create_revision, mod_revision = EXCLUDED.mod_revision, \
                version = EXCLUDED.version, lease = EXCLUDED.lease"
         };
-        self.conn
-            .query(
-                sql,
-                &[
-                    &kv.mod_revision,
-                    &entry.sub,
-                    &kv.key,
-                    &kv.value,
-                    &kv.create_revision,
-                    &kv.version,
-                    &kv.lease,
-                ],
-            )
-            .await?;
+        self.conn.defer(
+            sql,
+            params![
+                kv.mod_revision,
+                entry.sub,
+                kv.key.clone(),
+                kv.value.clone(),
+                kv.create_revision,
+                kv.version,
+                kv.lease,
+            ],
+        );
+        let live = (!entry.deleted).then(|| kv.clone());
+        self.keys.insert(kv.key.clone(), live);
         Ok(())
     }
 
     /// Also NOTIFYs the other instances; Postgres delivers it at commit.
     async fn set_revisions(&mut self, revisions: Revisions) -> BackendResult<()> {
-        let payload = revisions.current.to_string();
-        self.conn
-            .query(
-                "WITH updated AS (\
-                   UPDATE meta SET revision = $1, compact_revision = $2, compacted_through = $3 \
-                   WHERE id = 1\
-                 ) SELECT pg_notify('cetera', $4)",
-                &[
-                    &revisions.current,
-                    &revisions.compact,
-                    &revisions.compacted_through,
-                    &payload,
-                ],
-            )
-            .await?;
-        self.revisions = revisions;
+        self.locked().await?;
+        self.conn.defer(
+            "WITH updated AS (\
+               UPDATE meta SET revision = $1, compact_revision = $2, compacted_through = $3 \
+               WHERE id = 1\
+             ) SELECT pg_notify('cetera', $4)",
+            params![
+                revisions.current,
+                revisions.compact,
+                revisions.compacted_through,
+                revisions.current.to_string(),
+            ],
+        );
+        self.revisions = Some(revisions);
         Ok(())
     }
 
     async fn remove_history_before(&mut self, entry: &LogEntry) -> BackendResult<()> {
-        self.conn
-            .query(
-                "DELETE FROM log WHERE key = $1 AND (revision, sub) < ($2, $3)",
-                &[&entry.kv.key, &entry.kv.mod_revision, &entry.sub],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "DELETE FROM log WHERE key = $1 AND (revision, sub) < ($2, $3)",
+            params![entry.kv.key.clone(), entry.kv.mod_revision, entry.sub],
+        );
         Ok(())
     }
 
     async fn remove_entry(&mut self, entry: &LogEntry) -> BackendResult<()> {
-        self.conn
-            .query(
-                "DELETE FROM log WHERE revision = $1 AND sub = $2",
-                &[&entry.kv.mod_revision, &entry.sub],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "DELETE FROM log WHERE revision = $1 AND sub = $2",
+            params![entry.kv.mod_revision, entry.sub],
+        );
         Ok(())
     }
 
     async fn set_setting(&mut self, name: &str, value: i64) -> BackendResult<()> {
-        self.conn
-            .query(
-                "INSERT INTO settings (name, value) VALUES ($1, $2) \
-                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-                &[&name, &value],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "INSERT INTO settings (name, value) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+            params![name.to_string(), value],
+        );
         Ok(())
     }
 
     async fn put_lease(&mut self, lease: &LeaseRow) -> BackendResult<()> {
-        self.conn
-            .query(
-                "INSERT INTO lease (id, ttl, expires_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (id) DO UPDATE SET ttl = EXCLUDED.ttl, expires_at = EXCLUDED.expires_at",
-                &[&lease.id, &lease.ttl, &lease.expires_at],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "INSERT INTO lease (id, ttl, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO UPDATE SET ttl = EXCLUDED.ttl, expires_at = EXCLUDED.expires_at",
+            params![lease.id, lease.ttl, lease.expires_at],
+        );
+        self.leases.insert(lease.id, Some(*lease));
         Ok(())
     }
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
+        self.locked().await?;
         self.conn
-            .query("DELETE FROM lease WHERE id = $1", &[&id])
-            .await?;
+            .defer("DELETE FROM lease WHERE id = $1", params![id]);
+        self.leases.insert(id, None);
         Ok(())
     }
 
     async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
-        self.conn
-            .query(
-                "INSERT INTO alarm (member_id, alarm) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                &[&alarm.member_id, &alarm.alarm],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "INSERT INTO alarm (member_id, alarm) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            params![alarm.member_id, alarm.alarm],
+        );
+        self.alarms = None;
         Ok(())
     }
 
@@ -350,61 +633,73 @@ impl WriteTxn for PostgresWrite {
         name: &[u8],
         record: &[u8],
     ) -> BackendResult<()> {
-        self.conn
-            .query(
-                "INSERT INTO auth (kind, name, record) VALUES ($1, $2, $3) \
-                 ON CONFLICT (kind, name) DO UPDATE SET record = EXCLUDED.record",
-                &[&kind.as_str(), &name, &record],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "INSERT INTO auth (kind, name, record) VALUES ($1, $2, $3) \
+             ON CONFLICT (kind, name) DO UPDATE SET record = EXCLUDED.record",
+            params![kind.as_str().to_string(), name.to_vec(), record.to_vec()],
+        );
         Ok(())
     }
 
     async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
-        self.conn
-            .query(
-                "DELETE FROM alarm WHERE member_id = $1 AND alarm = $2",
-                &[&alarm.member_id, &alarm.alarm],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "DELETE FROM alarm WHERE member_id = $1 AND alarm = $2",
+            params![alarm.member_id, alarm.alarm],
+        );
+        self.alarms = None;
         Ok(())
     }
 
     async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
-        self.conn
-            .query(
-                "DELETE FROM auth WHERE kind = $1 AND name = $2",
-                &[&kind.as_str(), &name],
-            )
-            .await?;
+        self.locked().await?;
+        self.conn.defer(
+            "DELETE FROM auth WHERE kind = $1 AND name = $2",
+            params![kind.as_str().to_string(), name.to_vec()],
+        );
         Ok(())
     }
 
     async fn clear(&mut self) -> BackendResult<()> {
-        for table in ["log", "kv", "lease", "settings", "alarm", "auth"] {
-            self.conn
-                .query(&format!("DELETE FROM {table}"), &[])
-                .await?;
+        self.locked().await?;
+        for sql in [
+            "DELETE FROM log",
+            "DELETE FROM kv",
+            "DELETE FROM lease",
+            "DELETE FROM settings",
+            "DELETE FROM alarm",
+            "DELETE FROM auth",
+        ] {
+            self.conn.defer(sql, Vec::new());
         }
+        self.keys.clear();
+        self.leases.clear();
+        self.alarms = Some(Vec::new());
         self.set_revisions(Revisions::EMPTY_STORE).await
     }
 
+    /// The deferred writes and COMMIT, in one round trip.
     async fn commit(mut self) -> BackendResult<()> {
         if self.conn.failed {
             // Dropping self rolls back.
             bail!("the transaction was aborted by an earlier error");
         }
+        if self.conn.begin.is_some() {
+            return Ok(()); // Nothing was sent: nothing to commit.
+        }
+        let result = self.conn.pipeline(&[], Some("COMMIT")).await;
         let client = self
             .conn
             .client
             .take()
             .expect("connection present until the transaction ends");
-        match client.batch_execute("COMMIT").await {
-            Ok(()) => Ok(()), // The connection goes back to the pool.
+        match result {
+            Ok(_) => Ok(()), // The connection goes back to the pool.
             Err(error) => {
                 // Whether it committed is unknown; do not reuse the connection.
                 drop(Object::take(client));
-                Err(db_error(&error).context("COMMIT failed"))
+                Err(error.context("COMMIT failed"))
             }
         }
     }
