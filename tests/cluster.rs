@@ -1244,3 +1244,82 @@ async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
         );
     }
 }
+
+/// The Raft index member `i` reports (Status).
+async fn raft_index(cluster: &Cluster, i: usize) -> u64 {
+    status(&cluster.members[i].endpoint())
+        .await
+        .expect("status")
+        .raft_index
+}
+
+/// Keep-alives are the leader's, as etcd's lessor's: one through a follower
+/// adds no entry to the log (etcd's Raft index stays put too) and
+/// TimeToLive on another follower sees it. Kept alive through a follower
+/// while the leader is killed, a lease outlives the leader (the new one
+/// gives every lease a full TTL); left alone, it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_are_the_leaders_and_outlive_it() {
+    let mut cluster = Cluster::start_direct(3, &[]).await;
+    let leader = cluster.leader(&[], Duration::from_secs(10)).await;
+    let (follower, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    let mut c = member_client(&cluster, follower).await;
+    let lease = c.lease_grant(3, None).await.unwrap().id();
+    c.put("kept", "v", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+    let (mut keeper, mut answers) = c.lease_keep_alive(lease).await.unwrap();
+    let mut keep_alive = async |keeper: &mut etcd_client::LeaseKeeper| {
+        keeper.keep_alive().await.expect("send keep-alive");
+        answers
+            .message()
+            .await
+            .expect("keep-alive answer")
+            .expect("keep-alive stream open")
+            .ttl()
+    };
+
+    // Five seconds of keep-alives, past the 3 s TTL.
+    let index = raft_index(&cluster, leader).await;
+    for _ in 0..10 {
+        assert_eq!(keep_alive(&mut keeper).await, 3);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        raft_index(&cluster, leader).await,
+        index,
+        "keep-alives went into the log"
+    );
+    let ttl = member_client(&cluster, other)
+        .await
+        .lease_time_to_live(lease, None)
+        .await
+        .unwrap()
+        .ttl();
+    assert!(ttl >= 1, "TimeToLive on another follower: {ttl}");
+
+    // The leader dies; the keep-alives carry on through the follower.
+    cluster.members[leader].kill();
+    let mut alive = 0;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        if keep_alive(&mut keeper).await == 3 {
+            alive += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(alive > 0, "no keep-alive answered after the leader died");
+    let kept = keys_on(&cluster, follower, "kept").await;
+    assert_eq!(kept.len(), 1, "the lease expired while kept alive");
+
+    // Left alone: gone within its TTL, the check interval and slack.
+    drop((keeper, answers));
+    let left = Instant::now();
+    while !keys_on(&cluster, follower, "kept").await.is_empty() {
+        assert!(
+            left.elapsed() < Duration::from_secs(10),
+            "the lease did not expire once left alone"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

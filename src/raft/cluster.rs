@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -26,7 +26,9 @@ use super::{Member, Raft};
 use crate::backend::Backend;
 use crate::proto::ceterapb::peer_server::PeerServer;
 use crate::store::request::{WriteRequest, WriteResponse};
-use crate::store::{BoxFuture, Replication, Store, StoreError, StoreResult};
+use crate::store::{
+    BoxFuture, Leadership, LeaseCall, Lessor, Replication, Store, StoreError, StoreResult,
+};
 
 /// How long a write or a linearizable read may take before it fails with
 /// etcd's "request timed out".
@@ -144,6 +146,30 @@ pub struct Cluster {
     leader_streams_ended: watch::Sender<u64>,
     /// The replicated log, as openraft keeps it.
     log: LogStore,
+    /// The store's lessor, which answers lease calls while this member
+    /// leads (see `leases`).
+    lessor: Weak<dyn Lessor>,
+    /// This member's latest leadership, noted as soon as Raft reports it
+    /// (`report_leadership`): the leases' deadlines count from it.
+    leading: Arc<LeadingSince>,
+}
+
+/// When this member began to lead, per term.
+#[derive(Debug, Default)]
+struct LeadingSince(std::sync::Mutex<Option<Leadership>>);
+
+impl LeadingSince {
+    /// This member's leadership in `term`, begun now unless already noted.
+    fn note(&self, term: u64) -> Leadership {
+        let mut leading = self.0.lock().expect("leadership poisoned");
+        match *leading {
+            Some(known) if known.term == term => known,
+            _ => *leading.insert(Leadership {
+                term,
+                since_ms: (clock_ns() / 1_000_000) as i64,
+            }),
+        }
+    }
 }
 
 /// Counts one write in `Cluster::writing` while it lives.
@@ -260,8 +286,14 @@ impl Cluster {
             leader_heard: LeaderHeard::default(),
             leader_streams_ended: watch::Sender::new(0),
             log,
+            lessor: Arc::downgrade(&store) as Weak<dyn Lessor>,
+            leading: Arc::default(),
         });
-        tokio::spawn(report_leadership(id, cluster.metrics.clone()));
+        tokio::spawn(report_leadership(
+            id,
+            cluster.metrics.clone(),
+            cluster.leading.clone(),
+        ));
         tokio::spawn(campaign_when_leaderless(Arc::downgrade(&cluster)));
         tokio::spawn(monitor_leader(Arc::downgrade(&cluster)));
         // From here on, no write of this member's own (lease expiry,
@@ -356,6 +388,11 @@ impl Cluster {
     }
 
     /// The replicated log.
+    /// The store's lessor, unless the store is gone.
+    pub(super) fn lessor(&self) -> Option<Arc<dyn Lessor>> {
+        self.lessor.upgrade()
+    }
+
     pub(super) fn log(&self) -> &LogStore {
         &self.log
     }
@@ -503,7 +540,17 @@ impl Cluster {
         Ok(())
     }
 
-    fn leader(&self) -> Option<(u64, Member)> {
+    /// This member's leadership, if it leads.
+    pub(super) fn current_leadership(&self) -> Option<Leadership> {
+        let term = {
+            let metrics = self.metrics.borrow();
+            (metrics.current_leader == Some(self.id)).then_some(metrics.current_term)?
+        };
+        Some(self.leading.note(term))
+    }
+
+    /// The leader and its addresses, if this member knows one.
+    pub(super) fn leader(&self) -> Option<(u64, Member)> {
         let metrics = self.metrics.borrow();
         let leader = metrics.current_leader?;
         let member = metrics
@@ -689,17 +736,36 @@ impl Replication for Cluster {
         })
     }
 
-    fn leads(&self) -> bool {
-        self.metrics.borrow().current_leader == Some(self.id)
+    fn leadership(&self) -> Option<Leadership> {
+        self.current_leadership()
+    }
+
+    fn ask_lessor(&self, call: LeaseCall) -> BoxFuture<'_, StoreResult<Option<i64>>> {
+        Box::pin(async move {
+            tokio::time::timeout(REQUEST_TIMEOUT, self.lease_call(call))
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
     }
 }
 
-/// Keeps the leader gauges of `/metrics` in step with Raft, until Raft stops.
-async fn report_leadership(id: u64, mut raft: watch::Receiver<RaftMetrics<u64, Member>>) {
+/// Keeps the leader gauges of `/metrics` in step with Raft, and notes when
+/// this member begins to lead, until Raft stops.
+async fn report_leadership(
+    id: u64,
+    mut raft: watch::Receiver<RaftMetrics<u64, Member>>,
+    leading: Arc<LeadingSince>,
+) {
     let metrics = crate::metrics::metrics();
     let mut known = None;
     loop {
-        let leader = raft.borrow_and_update().current_leader;
+        let (leader, term) = {
+            let raft = raft.borrow_and_update();
+            (raft.current_leader, raft.current_term)
+        };
+        if leader == Some(id) {
+            leading.note(term);
+        }
         metrics.has_leader.set(leader.is_some() as i64);
         metrics.is_leader.set((leader == Some(id)) as i64);
         if leader.is_some() && leader != known {

@@ -16,6 +16,7 @@
 mod cluster;
 mod election;
 mod leadership;
+mod leases;
 mod log_store;
 mod member;
 mod membership;

@@ -155,6 +155,7 @@ impl Peers {
             Method::Campaign => client.campaign(request).await,
             Method::PreVote => client.pre_vote(request).await,
             Method::HandingOver => client.handing_over(request).await,
+            Method::Lease => client.lease(request).await,
         };
         let payload = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
@@ -202,6 +203,8 @@ pub enum Method {
     PreVote,
     /// The leader is alive, handing over leadership.
     HandingOver,
+    /// A lease call for the leader's lessor.
+    Lease,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Peers {

@@ -1,6 +1,7 @@
 //! The server side of the peer service: hands openraft's messages to the
 //! local Raft member, and serves cetera's own calls (a follower's forwarded
-//! write, read index, joins and membership changes, a handover). Calls
+//! write, read index, lease calls, joins and membership changes, a
+//! handover). Calls
 //! without the cluster token are refused.
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use super::proposal::Proposal;
 use super::{Member, TypeConfig};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_server::Peer;
+use crate::store::LeaseCall;
 
 /// Why the leader did not do what a member asked.
 #[derive(Debug, Serialize, Deserialize)]
@@ -156,5 +158,10 @@ impl Peer for PeerService {
         let leader: u64 = self.open(request)?;
         self.cluster.hear_handover(leader);
         answer(&())
+    }
+
+    async fn lease(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let call: LeaseCall = self.open(request)?;
+        answer(&self.cluster.lead_lease_call(call).await)
     }
 }

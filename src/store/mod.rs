@@ -16,6 +16,7 @@ pub mod error;
 pub mod hash;
 mod history;
 pub mod hub;
+mod leader_leases;
 mod lease_deadlines;
 mod publisher;
 pub mod range;
@@ -36,11 +37,12 @@ use self::alarm::Quota;
 pub use self::background::auto_compaction::{self, AutoCompaction};
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
+use self::leader_leases::LeaderLeases;
 use self::lease_deadlines::LeaseDeadlines;
 use self::publisher::Publisher;
 use self::request::{AlarmChange, Answer, AuthWrite, Queued, WriteRequest};
 use self::routing::Writes;
-pub use self::routing::{BoxFuture, LocalWriter, Replication};
+pub use self::routing::{BoxFuture, Leadership, LeaseCall, Lessor, LocalWriter, Replication};
 use crate::backend::{
     AlarmRow, Backend, DatabaseSize, DiskFull, LeaseRow, ReadTxn, Revisions, WriteTxn,
 };
@@ -102,6 +104,8 @@ pub struct Store<B: Backend> {
     /// Lease deadlines ahead of the database, when keep-alives are answered
     /// from memory.
     lease_deadlines: Option<Arc<LeaseDeadlines>>,
+    /// Lease deadlines while this member leads a cluster.
+    leader_leases: Arc<LeaderLeases>,
     writer: JoinHandle<()>,
     /// Compactor, lease expirer, poller: stopped at shutdown.
     background: Vec<JoinHandle<()>>,
@@ -138,9 +142,11 @@ impl<B: Backend> Store<B> {
         );
         let writes = Writes::new(&queue);
         let compaction_out_of_space = Arc::new(AtomicBool::new(false));
+        let leader_leases = Arc::new(LeaderLeases::default());
         let background = background::start(
             &backend,
             &writes,
+            &leader_leases,
             &revisions,
             Arc::downgrade(&publisher),
             options.auto_compaction,
@@ -158,6 +164,7 @@ impl<B: Backend> Store<B> {
             compaction_out_of_space,
             counts: CountCache::default(),
             lease_deadlines,
+            leader_leases,
             writer,
             background,
         })
@@ -383,8 +390,17 @@ impl<B: Backend> Store<B> {
 
     /// One etcd LeaseKeepAlive request. A keep-alive of a lease whose
     /// deadline is held in memory is answered here, without a hop to the
-    /// writer (see `lease_deadlines`).
+    /// writer (see `lease_deadlines`); in a cluster the leader answers it
+    /// (see `leader_leases`).
     pub async fn lease_keep_alive(&self, id: i64) -> StoreResult<LeaseKeepAliveResponse> {
+        if let Some(replication) = self.writes.replication() {
+            let ttl = replication.ask_lessor(LeaseCall::KeepAlive(id)).await?;
+            return Ok(LeaseKeepAliveResponse {
+                header: None,
+                id,
+                ttl: ttl.unwrap_or(0),
+            });
+        }
         if let Some(renewed) = self
             .lease_deadlines
             .as_ref()
@@ -421,13 +437,28 @@ impl<B: Backend> Store<B> {
         } else {
             Vec::new()
         };
+        let deadline = match self.writes.replication() {
+            // The leader holds the deadline, as etcd's leader does.
+            Some(replication) => {
+                let Some(deadline) = replication.ask_lessor(LeaseCall::Deadline(req.id)).await?
+                else {
+                    return Ok(LeaseTimeToLiveResponse {
+                        id: req.id,
+                        ttl: -1,
+                        ..Default::default()
+                    });
+                };
+                deadline
+            }
+            None => self.lease_deadline(&lease),
+        };
         Ok(LeaseTimeToLiveResponse {
             header: None,
             id: lease.id,
             // etcd's clock has nanoseconds, so some time has always passed since the
             // grant and a fresh 60 s lease shows 59; at millisecond resolution the
             // grant can look 0 ms old, so count at least 1 ms as gone.
-            ttl: ((self.lease_deadline(&lease) - apply::now_ms() - 1) / 1000).max(0),
+            ttl: ((deadline - apply::now_ms() - 1) / 1000).max(0),
             granted_ttl: lease.ttl,
             keys,
         })
@@ -618,5 +649,33 @@ impl<B: Backend> Drop for Store<B> {
         for task in &self.background {
             task.abort();
         }
+    }
+}
+
+/// The leader's lessor in a cluster: keep-alives and deadlines from memory
+/// (see `leader_leases`), each lease as this member's database holds it.
+impl<B: Backend> Lessor for Store<B> {
+    fn answer(
+        &self,
+        leadership: Leadership,
+        call: LeaseCall,
+    ) -> BoxFuture<'_, StoreResult<Option<i64>>> {
+        Box::pin(async move {
+            let (LeaseCall::KeepAlive(id) | LeaseCall::Deadline(id)) = call;
+            let Some(lease) = self.backend.read().await?.lease(id).await? else {
+                return Ok(None);
+            };
+            let now = apply::now_ms();
+            Ok(match call {
+                LeaseCall::KeepAlive(_) => {
+                    let renewed = self.leader_leases.renew(leadership, now, &lease);
+                    if renewed.is_some() {
+                        metrics().leases_renewed.inc();
+                    }
+                    renewed
+                }
+                LeaseCall::Deadline(_) => Some(self.leader_leases.deadline(leadership, &lease)),
+            })
+        })
     }
 }

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use super::apply;
@@ -31,9 +32,43 @@ pub trait Replication: Send + Sync + 'static {
     /// call: the barrier in front of a linearizable read.
     fn read_barrier(&self) -> BoxFuture<'_, StoreResult<()>>;
 
-    /// Whether this member leads: the leader alone expires leases and runs
-    /// automatic compaction, through the log.
-    fn leads(&self) -> bool;
+    /// This member's leadership, if it leads: the leader alone expires
+    /// leases and runs automatic compaction, through the log, and holds the
+    /// leases' deadlines (`leader_leases`).
+    fn leadership(&self) -> Option<Leadership>;
+
+    /// Has the leader's `Lessor` answer `call`: this member's own when it
+    /// leads, else the leader's, asked over the peer network.
+    fn ask_lessor(&self, call: LeaseCall) -> BoxFuture<'_, StoreResult<Option<i64>>>;
+}
+
+/// A term in which this member leads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    /// The Raft term.
+    pub term: u64,
+    /// When (Unix ms) this member began to lead in it.
+    pub since_ms: i64,
+}
+
+/// A lease call only the leader answers, as etcd's followers forward
+/// keep-alives and TimeToLive to the leader's lessor.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub enum LeaseCall {
+    /// Renew the lease: its TTL, or `None` for an unknown or expired one.
+    KeepAlive(i64),
+    /// The lease's deadline (Unix ms), or `None` for an unknown one.
+    Deadline(i64),
+}
+
+/// The leader's side of `LeaseCall`s (the store's, see `leader_leases`).
+pub trait Lessor: Send + Sync + 'static {
+    /// Answers `call` as the leader in `leadership`.
+    fn answer(
+        &self,
+        leadership: Leadership,
+        call: LeaseCall,
+    ) -> BoxFuture<'_, StoreResult<Option<i64>>>;
 }
 
 /// Where writes go: to the replicated log when there is one, else straight
@@ -99,7 +134,14 @@ impl Writes {
     /// expiry, automatic compaction): always when alone, when leading in a
     /// cluster.
     pub(crate) fn decides(&self) -> bool {
-        self.replication.get().is_none_or(|r| r.leads())
+        self.replication
+            .get()
+            .is_none_or(|r| r.leadership().is_some())
+    }
+
+    /// The replicated log, when the store joined one.
+    pub(crate) fn replication(&self) -> Option<&Arc<dyn Replication>> {
+        self.replication.get()
     }
 }
 

@@ -9,7 +9,9 @@
 //!
 //! With env `CETERA_TEST_CLUSTER=1`, `Cetera::start_with` gives every test a
 //! follower of a 3-member cluster instead of a single server: the
-//! differential suites run so against replicated mode.
+//! differential suites run so against replicated mode. With env
+//! `CETERA_KEEP_CLUSTER_LOGS` set, each cluster's folder (the members'
+//! datastores and logs) is kept and its path printed.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -191,6 +193,11 @@ impl Cluster {
             .prefix("cetera-cluster-")
             .tempdir()
             .expect("create tempdir");
+        let mut dir = dir;
+        if std::env::var_os("CETERA_KEEP_CLUSTER_LOGS").is_some() {
+            eprintln!("cluster kept in {}", dir.path().display());
+            dir.disable_cleanup(true);
+        }
         let mut cluster = Cluster {
             members: Vec::new(),
             founder_url: None,

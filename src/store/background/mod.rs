@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use self::auto_compaction::AutoCompaction;
+use super::leader_leases::LeaderLeases;
 use super::publisher::Publisher;
 use super::routing::Writes;
 use crate::backend::{Backend, Revisions};
@@ -26,6 +27,7 @@ use crate::backend::{Backend, Revisions};
 pub(super) fn start<B: Backend>(
     backend: &Arc<B>,
     writes: &Writes,
+    leader_leases: &Arc<LeaderLeases>,
     revisions: &watch::Receiver<Revisions>,
     publisher: Weak<Publisher<B>>,
     auto_compaction: Option<AutoCompaction>,
@@ -37,7 +39,11 @@ pub(super) fn start<B: Backend>(
         revisions.clone(),
         compaction_out_of_space.clone(),
     ));
-    let lease_expirer = tokio::spawn(lease_expirer::run(backend.clone(), writes.clone()));
+    let lease_expirer = tokio::spawn(lease_expirer::run(
+        backend.clone(),
+        writes.clone(),
+        leader_leases.clone(),
+    ));
     let mut jobs = vec![compactor, lease_expirer];
     if let Some(mode) = auto_compaction {
         jobs.push(tokio::spawn(auto_compaction::run(
