@@ -51,7 +51,8 @@
 //! - `raft` (`src/raft/`): replicated mode, the store as openraft's state
 //!   machine: a member (`cluster.rs`), joining and membership
 //!   (`membership.rs`, `member.rs`), leadership handover (`leadership.rs`),
-//!   the log (`log_store.rs`), its entries (`proposal.rs`), the state machine
+//!   elections after a pre-vote (`election.rs`), lease calls for the
+//!   leader (`leases.rs`), the log (`log_store.rs`), its entries (`proposal.rs`), the state machine
 //!   (`state_machine.rs`), the peer service (`network.rs` client side,
 //!   `peer.rs` server side).
 //! - `store` (`src/store/`): etcd's semantics, written once. `mod.rs` is
@@ -60,7 +61,8 @@
 //!   `writer.rs` (group commit), which applies them with `apply.rs` and
 //!   `apply/lease.rs`. Beside them: `range.rs`, `range_stream.rs`,
 //!   `count_cache.rs` (reads), `alarm.rs` (quota and alarms),
-//!   `lease_deadlines.rs` (keep-alives answered from memory), `hub.rs` and
+//!   `lease_deadlines.rs` (keep-alives answered from memory),
+//!   `leader_leases.rs` (a cluster leader's lease deadlines), `hub.rs` and
 //!   `publisher.rs` (recent revisions for watchers), `history.rs` (older
 //!   ones from the log), `hash.rs` (Hash, HashKV), `settings.rs` (identity,
 //!   auth flags), `replica.rs` (the handle Raft works through), `error.rs`;
