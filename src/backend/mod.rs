@@ -520,6 +520,13 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// True if its write transactions read ahead (`WriteTxn::read_ahead`):
+    /// the writer then lists what a batch will read, which costs a copy of
+    /// every key, only where it saves round trips.
+    fn reads_ahead(&self) -> bool {
+        false
+    }
+
     /// True if this process is the database's only writer (SQLite's file
     /// is locked to one server), so the store may hold state ahead of the
     /// database, as it does with lease deadlines. A server database may be

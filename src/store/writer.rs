@@ -185,9 +185,11 @@ async fn commit<B: Backend>(
     stored: Option<&lease_deadlines::Stored>,
 ) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
-    let ahead = read_ahead(batch);
-    if !ahead.is_empty() {
-        txn.read_ahead(&ahead).await?;
+    if backend.reads_ahead() {
+        let ahead = read_ahead(batch);
+        if !ahead.is_empty() {
+            txn.read_ahead(&ahead).await?;
+        }
     }
     if let Some(stored) = stored {
         stored.write(&mut txn).await?;

@@ -241,6 +241,10 @@ impl Backend for Mysql {
         MAX_KEY_BYTES
     }
 
+    fn reads_ahead(&self) -> bool {
+        true
+    }
+
     type Read = MysqlRead;
     type Write = MysqlWrite;
 

@@ -161,6 +161,10 @@ impl Backend for Postgres {
         MAX_KEY_BYTES
     }
 
+    fn reads_ahead(&self) -> bool {
+        true
+    }
+
     type Read = PostgresRead;
     type Write = PostgresWrite;
 
