@@ -387,12 +387,12 @@ impl Cluster {
         &self.handing_over
     }
 
-    /// The replicated log.
     /// The store's lessor, unless the store is gone.
     pub(super) fn lessor(&self) -> Option<Arc<dyn Lessor>> {
         self.lessor.upgrade()
     }
 
+    /// The replicated log.
     pub(super) fn log(&self) -> &LogStore {
         &self.log
     }
