@@ -7,9 +7,9 @@
 //! dense revisions one at a time, in commit order. Each commit that moves the
 //! counters sends a NOTIFY on channel `cetera`; a dedicated LISTEN connection
 //! turns those of other instances into [`Backend::change_feed`] wake-ups (the
-//! payload names the sending instance, so that it skips its own). Jobs that must run on one
-//! instance at a time hold session-level advisory locks on another dedicated
-//! connection ([`Backend::hold_lock`]).
+//! payload names the sending instance, so that it skips its own). Jobs that
+//! must run on one instance at a time hold session-level advisory locks on
+//! another dedicated connection ([`Backend::hold_lock`]).
 //!
 //! `connect` takes the URLs k3s users write (`postgres://` or `postgresql://`,
 //! libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` included), waits

@@ -1,7 +1,6 @@
 //! The two dedicated connections beside the pool: the LISTEN connection,
 //! which turns other instances' NOTIFYs into wake-ups (skipping this
-//! instance's own), and the session that
-//! holds the advisory locks.
+//! instance's own), and the session that holds the advisory locks.
 
 use std::collections::HashSet;
 use std::time::Duration;
