@@ -553,9 +553,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// A new follower's feed of other instances' commits on a shared
-    /// database (Postgres: each NOTIFY, and the poll interval at the
-    /// latest; MySQL: the poll interval). A backend no one else writes to
-    /// never wakes its followers.
+    /// database (Postgres: each other instance's NOTIFY, and the poll
+    /// interval at the latest; MySQL: the poll interval). A backend no one
+    /// else writes to never wakes its followers.
     fn change_feed(&self) -> ChangeFeed {
         ChangeFeed::never()
     }

@@ -12,7 +12,7 @@ use deadpool_postgres::{Manager, ManagerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::endpoint::Target;
@@ -106,11 +106,11 @@ impl Connector {
         text
     }
 
-    /// Opens one connection and drives it on its own task, which signals
-    /// `notify` on every notification and ends when the client is dropped.
+    /// Opens one connection and drives it on its own task, which passes
+    /// its notifications to `notify` and ends when the client is dropped.
     pub(super) async fn connect(
         &self,
-        notify: Option<Arc<Notifications>>,
+        notify: Option<NotifyTarget>,
     ) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {
         match &self.tls {
             Tls::Off => {
@@ -234,10 +234,31 @@ impl Connector {
     }
 }
 
+/// Where a LISTEN connection's notifications go.
+#[derive(Clone)]
+pub(super) struct NotifyTarget {
+    /// Counts the commits of other instances.
+    pub(super) changes: Arc<Notifications>,
+    /// The payload of this instance's own NOTIFYs: its writer has published
+    /// those commits already, and waking its followers for them would cost a
+    /// read transaction each (issue 30). One it could not publish (the
+    /// answer to its COMMIT lost) waits for the poll interval's bound.
+    pub(super) own_payload: Arc<str>,
+}
+
+impl NotifyTarget {
+    /// Counts `note` unless this instance sent it.
+    fn deliver(&self, note: &Notification) {
+        if note.channel() == CHANNEL && note.payload() != &*self.own_payload {
+            self.changes.notify();
+        }
+    }
+}
+
 /// Drives `connection` on its own task; see [`Connector::connect`].
 fn spawn_driver<S, T>(
     mut connection: tokio_postgres::Connection<S, T>,
-    notify: Option<Arc<Notifications>>,
+    notify: Option<NotifyTarget>,
 ) -> JoinHandle<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -247,10 +268,8 @@ where
         loop {
             match poll_fn(|cx| connection.poll_message(cx)).await {
                 Some(Ok(AsyncMessage::Notification(note))) => {
-                    if let Some(notify) = &notify
-                        && note.channel() == CHANNEL
-                    {
-                        notify.notify();
+                    if let Some(notify) = &notify {
+                        notify.deliver(&note);
                     }
                 }
                 Some(Ok(AsyncMessage::Notice(notice))) => {

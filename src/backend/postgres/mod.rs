@@ -6,9 +6,10 @@
 //! several cetera instances can share one database, and their writes take
 //! dense revisions one at a time, in commit order. Each commit that moves the
 //! counters sends a NOTIFY on channel `cetera`; a dedicated LISTEN connection
-//! turns those into [`Backend::change_feed`] wake-ups. Jobs that must run on one
-//! instance at a time hold session-level advisory locks on another dedicated
-//! connection ([`Backend::hold_lock`]).
+//! turns those of other instances into [`Backend::change_feed`] wake-ups (the
+//! payload names the sending instance, so that it skips its own). Jobs that
+//! must run on one instance at a time hold session-level advisory locks on
+//! another dedicated connection ([`Backend::hold_lock`]).
 //!
 //! `connect` takes the URLs k3s users write (`postgres://` or `postgresql://`,
 //! libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` included), waits
@@ -37,7 +38,7 @@ use anyhow::{Context, anyhow};
 use deadpool_postgres::{ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio_postgres::Client;
 
-use self::connect::{Connector, is_transient, migrate};
+use self::connect::{Connector, NotifyTarget, is_transient, migrate};
 use self::endpoint::Target;
 use self::sessions::{AbortOnDrop, Listener, LockSession, lock_key, simple_value};
 use self::txn::{BEGIN_READ, BEGIN_WRITE, PostgresRead, PostgresWrite, TxnConn};
@@ -64,8 +65,11 @@ const MAX_KEY_BYTES: usize = 2600;
 pub struct Postgres {
     pool: Pool,
     connector: Connector,
-    /// Counted by the listener on every NOTIFY (and after a reconnect).
+    /// Counted by the listener on every other instance's NOTIFY (and after
+    /// a reconnect).
     changes: Arc<Notifications>,
+    /// This instance's NOTIFY payload, random: its listener skips it.
+    notify_payload: Arc<str>,
     /// Longest a follower waits without a NOTIFY: one lost on the way
     /// delays a watcher by this much at most.
     poll_interval: Duration,
@@ -114,7 +118,13 @@ impl Postgres {
             .context("cannot build the Postgres connection pool")?;
 
         let changes = Arc::new(Notifications::new());
-        let listener = Listener::start(connector.clone(), changes.clone())
+        // Never a bare number, as the revisions older versions send are.
+        let notify_payload: Arc<str> = format!("i{:016x}", rand::random::<u64>()).into();
+        let target = NotifyTarget {
+            changes: changes.clone(),
+            own_payload: notify_payload.clone(),
+        };
+        let listener = Listener::start(connector.clone(), target)
             .await
             .with_context(|| format!("cannot LISTEN on {}", connector.describe()))?;
         tracing::info!("using Postgres at {}", connector.describe());
@@ -122,6 +132,7 @@ impl Postgres {
             pool,
             connector,
             changes,
+            notify_payload,
             poll_interval: DEFAULT_POLL_INTERVAL,
             _listener: listener,
             locks: tokio::sync::Mutex::new(LockSession::default()),
@@ -180,10 +191,10 @@ impl Backend for Postgres {
     /// instances' writers before it reads anything, and under READ
     /// COMMITTED each later statement sees what they committed.
     async fn write(&self) -> BackendResult<PostgresWrite> {
-        Ok(PostgresWrite::new(TxnConn::new(
-            self.pooled().await?,
-            BEGIN_WRITE,
-        )))
+        Ok(PostgresWrite::new(
+            TxnConn::new(self.pooled().await?, BEGIN_WRITE),
+            self.notify_payload.clone(),
+        ))
     }
 
     async fn size(&self) -> BackendResult<DatabaseSize> {
@@ -591,10 +602,22 @@ pub(crate) mod tests {
             !changed_within(&mut changes, 300).await,
             "no commit, no wake-up"
         );
-        commit_entries(&second, 2, &[kv(b"a", b"1", 2)]).await;
+        // Its own commit does not wake it (its writer publishes those), and
+        // does not hide the other instance's commit that follows.
+        commit_entries(&first, 2, &[kv(b"a", b"1", 2)]).await;
+        assert!(
+            !changed_within(&mut changes, 300).await,
+            "an instance's own commit does not wake its followers"
+        );
+        commit_entries(&second, 3, &[kv(b"b", b"1", 3)]).await;
         tokio::time::timeout(Duration::from_secs(5), changes.notified())
             .await
             .expect("a commit on one instance wakes the other");
+        let mut other_changes = second.change_feed();
+        commit_entries(&first, 4, &[kv(b"c", b"1", 4)]).await;
+        tokio::time::timeout(Duration::from_secs(5), other_changes.notified())
+            .await
+            .expect("and the other way round");
 
         assert!(first.hold_lock("expiry").await.unwrap());
         assert!(first.hold_lock("expiry").await.unwrap());

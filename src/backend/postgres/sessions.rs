@@ -1,18 +1,16 @@
 //! The two dedicated connections beside the pool: the LISTEN connection,
-//! which turns other instances' NOTIFYs into wake-ups, and the session that
-//! holds the advisory locks.
+//! which turns other instances' NOTIFYs into wake-ups (skipping this
+//! instance's own), and the session that holds the advisory locks.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::connect::Connector;
+use super::connect::{Connector, NotifyTarget};
 use super::{CHANNEL, db_error, describe};
-use crate::backend::changes::Notifications;
 
 /// How often the LISTEN connection checks that the server still answers: a
 /// connection that died silently would otherwise lose notifications unnoticed.
@@ -50,40 +48,36 @@ impl Listener {
     /// then keeps the connection alive on a task.
     pub(super) async fn start(
         connector: Connector,
-        changes: Arc<Notifications>,
+        target: NotifyTarget,
     ) -> anyhow::Result<AbortOnDrop> {
-        let session = Self::listen(&connector, &changes)
+        let session = Self::listen(&connector, &target)
             .await
             .map_err(|e| anyhow!(describe(&e)))?;
         Ok(AbortOnDrop(tokio::spawn(Self::run(
-            connector, changes, session,
+            connector, target, session,
         ))))
     }
 
     async fn listen(
         connector: &Connector,
-        changes: &Arc<Notifications>,
+        target: &NotifyTarget,
     ) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {
-        let (client, driver) = connector.connect(Some(changes.clone())).await?;
+        let (client, driver) = connector.connect(Some(target.clone())).await?;
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
         Ok((client, driver))
     }
 
-    async fn run(
-        connector: Connector,
-        changes: Arc<Notifications>,
-        first: (Client, JoinHandle<()>),
-    ) {
+    async fn run(connector: Connector, target: NotifyTarget, first: (Client, JoinHandle<()>)) {
         let mut session = Some(first);
         let mut delay = Duration::from_millis(250);
         loop {
             let (client, mut driver) = match session.take() {
                 Some(session) => session,
-                None => match Self::listen(&connector, &changes).await {
+                None => match Self::listen(&connector, &target).await {
                     Ok(session) => {
                         tracing::info!("LISTEN connection to {} restored", connector.describe());
                         // Notifications sent while it was down are lost.
-                        changes.notify();
+                        target.changes.notify();
                         delay = Duration::from_millis(250);
                         session
                     }

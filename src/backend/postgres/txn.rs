@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 
 use anyhow::{Context, bail};
@@ -270,6 +271,8 @@ pub struct PostgresWrite {
     keys: HashMap<Vec<u8>, Option<KeyValue>>,
     /// Leases read ahead or written in this transaction.
     leases: HashMap<i64, Option<LeaseRow>>,
+    /// The payload of this instance's NOTIFYs.
+    notify_payload: Arc<str>,
 }
 
 const READ_ALARMS: &str = "SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm";
@@ -278,13 +281,14 @@ const READ_KEYS: &str = "SELECT key, value, create_revision, mod_revision, versi
 const READ_LEASES: &str = "SELECT id, ttl, expires_at FROM lease WHERE id = ANY($1)";
 
 impl PostgresWrite {
-    pub(super) fn new(conn: TxnConn) -> Self {
+    pub(super) fn new(conn: TxnConn, notify_payload: Arc<str>) -> Self {
         PostgresWrite {
             conn,
             revisions: None,
             alarms: None,
             keys: HashMap::new(),
             leases: HashMap::new(),
+            notify_payload,
         }
     }
 
@@ -551,7 +555,9 @@ impl WriteTxn for PostgresWrite {
         Ok(())
     }
 
-    /// Also NOTIFYs the other instances; Postgres delivers it at commit.
+    /// Also NOTIFYs the other instances; Postgres delivers it at commit. The
+    /// payload names this instance, whose own listener skips it: the writer
+    /// publishes its commits itself.
     async fn set_revisions(&mut self, revisions: Revisions) -> BackendResult<()> {
         self.locked().await?;
         self.conn.defer(
@@ -563,7 +569,7 @@ impl WriteTxn for PostgresWrite {
                 revisions.current,
                 revisions.compact,
                 revisions.compacted_through,
-                revisions.current.to_string(),
+                self.notify_payload.to_string(),
             ],
         );
         self.revisions = Some(revisions);
