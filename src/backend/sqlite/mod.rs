@@ -15,10 +15,13 @@
 //! chunks, and `checkpointer` moves the WAL into the database file on its
 //! own thread.
 
+mod applier;
 mod checkpointer;
+mod journal;
 mod key_index;
 mod queries;
 mod range_stream;
+mod record_log;
 mod txn;
 
 use std::path::{Path, PathBuf};
@@ -28,7 +31,9 @@ use std::time::Duration;
 use anyhow::Context;
 use rusqlite::{Connection, OpenFlags};
 
+use self::applier::Applier;
 use self::checkpointer::Checkpointer;
+use self::journal::Journal;
 use self::key_index::KeyIndex;
 use self::txn::SharedIndex;
 pub use self::txn::{SqliteRead, SqliteWrite};
@@ -48,6 +53,11 @@ pub struct Sqlite {
     readers: Arc<Mutex<Vec<Connection>>>,
     checkpointer: Arc<Checkpointer>,
     index: SharedIndex,
+    /// The record log commits go through (see `journal`); None for a
+    /// scratch file.
+    journal: Option<Arc<Journal>>,
+    /// Applies the record log's batches while the writer is idle.
+    applier: Option<Applier>,
     /// The lock file, held while the database is open; last, so that it is
     /// released only after the writer has closed.
     _lock: Option<std::fs::File>,
@@ -84,13 +94,34 @@ impl Sqlite {
             .run(&mut writer)
             .context("cannot apply SQLite migrations")?;
         checkpointer::watch_wal(&writer);
+        // A scratch file is written in one transaction and synced whole.
+        let journal = match lock.is_some() {
+            true => Some(Arc::new(Journal::open(path, &writer)?)),
+            false => None,
+        };
         let index = KeyIndex::load(&writer).context("cannot read the log into the key index")?;
+        if journal.is_some() {
+            // A batch's pages stay in the cache until it is applied.
+            writer.pragma_update(None, "cache_size", BATCH_CACHE_KIB)?;
+        }
+        let writer = Arc::new(tokio::sync::Mutex::new(writer));
+        let checkpointer = Arc::new(Checkpointer::start(path)?);
+        let applier = match &journal {
+            Some(journal) => Some(Applier::start(
+                writer.clone(),
+                journal.clone(),
+                checkpointer.clone(),
+            )?),
+            None => None,
+        };
         Ok(Sqlite {
             path: path.to_path_buf(),
-            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            writer,
             readers: Arc::new(Mutex::new(Vec::new())),
-            checkpointer: Arc::new(Checkpointer::start(path)?),
+            checkpointer,
             index: Arc::new(std::sync::RwLock::new(index)),
+            journal,
+            applier,
             _lock: lock,
         })
     }
@@ -174,6 +205,7 @@ impl Sqlite {
             pool: Arc::new(Mutex::new(Vec::new())),
             index: None,
             snapshot_revision: None,
+            unapplied: None,
         })
     }
 
@@ -247,12 +279,18 @@ impl Drop for Sqlite {
     /// other connections go first, then the writer empties the WAL, and its
     /// own close, the last one, removes it.
     fn drop(&mut self) {
+        if let Some(mut applier) = self.applier.take() {
+            applier.stop();
+        }
         if let Some(checkpointer) = Arc::get_mut(&mut self.checkpointer) {
             checkpointer.stop();
         }
         self.readers.lock().expect("reader pool poisoned").clear();
         match self.writer.try_lock() {
             Ok(conn) => {
+                if let Some(journal) = &self.journal {
+                    journal.apply(&conn, &self.checkpointer);
+                }
                 if let Err(error) = Self::checkpoint_to_file(&conn) {
                     tracing::warn!("the final WAL checkpoint failed: {error}");
                 }
@@ -302,6 +340,8 @@ impl Backend for Sqlite {
     type Write = SqliteWrite;
 
     async fn read(&self) -> BackendResult<SqliteRead> {
+        // Before the snapshot starts (see `journal`).
+        let unapplied = self.journal.as_ref().map(|journal| journal.view());
         let conn = self.take_reader()?;
         // Cached, as every read begins and ends this way: parsing BEGIN and
         // ROLLBACK each time is a visible part of a single-key read.
@@ -311,12 +351,17 @@ impl Backend for Sqlite {
             pool: self.readers.clone(),
             index: Some(self.index.clone()),
             snapshot_revision: None,
+            unapplied,
         })
     }
 
     async fn write(&self) -> BackendResult<SqliteWrite> {
         let conn = self.writer.clone().lock_owned().await;
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let journal = self.journal.clone().filter(|journal| journal.enabled());
+        match &journal {
+            Some(journal) => journal.begin(&conn)?,
+            None => conn.execute_batch("BEGIN IMMEDIATE")?,
+        }
         Ok(SqliteWrite {
             conn,
             checkpointer: self.checkpointer.clone(),
@@ -328,6 +373,10 @@ impl Backend for Sqlite {
             replacement: None,
             undo: Vec::new(),
             removals: Vec::new(),
+            journal,
+            records: Vec::new(),
+            record_bytes: 0,
+            direct: false,
         })
     }
 
@@ -345,6 +394,9 @@ impl Backend for Sqlite {
     /// checkpoints and `make_durable`.
     async fn defer_durability(&self) -> BackendResult<()> {
         let conn = self.writer.lock().await;
+        if let Some(journal) = &self.journal {
+            journal.disable(&conn, &self.checkpointer);
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(())
     }
@@ -389,6 +441,9 @@ impl Backend for Sqlite {
     /// then moves the result from the WAL into the database file.
     async fn defragment(&self) -> BackendResult<()> {
         let conn = self.writer.lock().await;
+        if let Some(journal) = &self.journal {
+            journal.apply(&conn, &self.checkpointer);
+        }
         let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
         if mode == AUTO_VACUUM_INCREMENTAL {
             // It frees one page per step, so it must be stepped to the end.
@@ -414,6 +469,11 @@ const LOG_BY_REVISION_VERSION: i64 = 6;
 
 /// Page cache of a bulk load, in KiB (a negative `cache_size` is KiB).
 const BULK_LOAD_CACHE_KIB: i64 = -65536;
+
+/// The writer's page cache, in KiB, when commits go through the record
+/// log: twice `journal::APPLY_BYTES`, so that a batch is not spilled to the
+/// WAL before it is applied.
+const BATCH_CACHE_KIB: i64 = -2 * (journal::APPLY_BYTES as i64 >> 10);
 
 /// SQLite's `auto_vacuum` setting that lets `incremental_vacuum` shrink the file.
 const AUTO_VACUUM_INCREMENTAL: i64 = 2;

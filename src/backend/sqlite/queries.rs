@@ -4,6 +4,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::journal::UnappliedView;
 use super::key_index::row_id;
 
 use crate::backend::rows::{
@@ -23,11 +24,14 @@ impl Columns for Row<'_> {
     }
 }
 
-/// The rows `ids` of the log as keys, in the order given. With `keys_only`
-/// the values are left empty, so that no overflow page of a large value is
-/// read. Every id must be in the log (the key index says so).
+/// The rows `ids` of the log as keys, in the order given: those committed
+/// but not yet applied from `unapplied`, the rest from the table. With
+/// `keys_only` the values are left empty, so that no overflow page of a
+/// large value is read. Every id must be in one or the other (the key index
+/// says so).
 pub(super) fn query_rows(
     conn: &Connection,
+    unapplied: Option<&UnappliedView>,
     ids: &[i64],
     keys_only: bool,
 ) -> rusqlite::Result<Vec<KeyValue>> {
@@ -39,7 +43,11 @@ pub(super) fn query_rows(
     let mut stmt = conn.prepare_cached(sql)?;
     let mut found = Vec::with_capacity(ids.len());
     for id in ids {
-        found.push(stmt.query_row([id], |r| kv_from_row(r))?);
+        let row = match unapplied.and_then(|u| u.row(*id, keys_only)) {
+            Some(row) => row,
+            None => stmt.query_row([id], |r| kv_from_row(r))?,
+        };
+        found.push(row);
     }
     Ok(found)
 }

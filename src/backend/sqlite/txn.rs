@@ -8,6 +8,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::checkpointer::{self, Checkpointer};
+use super::journal::APPLY_BYTES;
+use super::journal::{Journal, UnappliedView};
 use super::key_index::{KeyIndex, LATEST, MAX_CHANGES_PER_REVISION, Removal, Undo, row_id};
 use super::queries::{
     query_alarms, query_auth_records, query_expired_leases, query_lease, query_leases, query_log,
@@ -32,6 +34,9 @@ pub struct SqliteRead {
     pub(super) index: Option<SharedIndex>,
     /// The current revision of this snapshot, once read: what `Current` reads see.
     pub(super) snapshot_revision: Option<i64>,
+    /// The rows committed to the record log but not yet to SQLite when the
+    /// read began (see `journal`).
+    pub(super) unapplied: Option<UnappliedView>,
 }
 
 impl Drop for SqliteRead {
@@ -69,12 +74,27 @@ pub struct SqliteWrite {
     pub(super) undo: Vec<Undo>,
     /// Compaction's removals, applied to `index` at commit.
     pub(super) removals: Vec<Removal>,
+    /// The record log, if this write commits through it (see `journal`).
+    pub(super) journal: Option<Arc<Journal>>,
+    /// The rows appended, for the record log; emptied once they pass
+    /// `journal::APPLY_BYTES` (the write then commits directly).
+    pub(super) records: Vec<LogEntry>,
+    /// The bytes of `records`' keys and values.
+    pub(super) record_bytes: usize,
+    /// True once the write changed more than the log: it then commits
+    /// directly to SQLite.
+    pub(super) direct: bool,
 }
 
 impl Drop for SqliteWrite {
     fn drop(&mut self) {
         if !self.committed {
-            let _ = self.conn.execute_batch("ROLLBACK");
+            match &self.journal {
+                Some(journal) => journal.roll_back(&self.conn),
+                None => {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+            }
             let mut index = write_index(&self.index);
             for undo in self.undo.drain(..).rev() {
                 index.undo(undo);
@@ -96,10 +116,13 @@ macro_rules! impl_read_txn {
     ($ty:ty, $conn:ident => $get:expr) => {
         impl ReadTxn for $ty {
             async fn revisions(&mut self) -> BackendResult<Revisions> {
-                let (revisions, meta) = {
+                let (mut revisions, meta) = {
                     let $conn = &*self;
                     query_revisions($get)?
                 };
+                if let Some(unapplied) = self.unapplied() {
+                    revisions.current = unapplied.current(revisions.current);
+                }
                 self.note_meta(meta, revisions.current);
                 Ok(revisions)
             }
@@ -114,7 +137,7 @@ macro_rules! impl_read_txn {
                 let (index, revision) = self.view(at)?;
                 let ids = read_index(&index).range(range, revision, limit)?;
                 let $conn = self;
-                Ok(query_rows($get, &ids, keys_only)?)
+                Ok(query_rows($get, $conn.unapplied(), &ids, keys_only)?)
             }
 
             async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
@@ -128,7 +151,11 @@ macro_rules! impl_read_txn {
                 through: i64,
             ) -> BackendResult<Vec<LogEntry>> {
                 let $conn = self;
-                Ok(query_log($get, after, through)?)
+                let mut entries = query_log($get, after, through)?;
+                if let Some(unapplied) = $conn.unapplied() {
+                    unapplied.add_log(after, through, &mut entries);
+                }
+                Ok(entries)
             }
 
             async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
@@ -159,7 +186,7 @@ macro_rules! impl_read_txn {
                 let (index, revision) = self.view(ReadAt::Current)?;
                 let ids = read_index(&index).lease_keys(id, revision)?;
                 let $conn = self;
-                let mut keys = query_rows($get, &ids, false)?;
+                let mut keys = query_rows($get, $conn.unapplied(), &ids, false)?;
                 // Keys attached now that had another lease at the snapshot's revision.
                 keys.retain(|kv| kv.lease == id);
                 Ok(keys)
@@ -194,6 +221,10 @@ impl SqliteRead {
         self.snapshot_revision = Some(current);
     }
 
+    fn unapplied(&self) -> Option<&UnappliedView> {
+        self.unapplied.as_ref()
+    }
+
     /// The index to read and the revision a read at `at` sees in it.
     fn view(&mut self, at: ReadAt) -> BackendResult<(SharedIndex, i64)> {
         let conn = self.conn.as_ref().expect("connection present until drop");
@@ -208,7 +239,10 @@ impl SqliteRead {
             (ReadAt::Revision(revision), _) => revision,
             (ReadAt::Current, Some(current)) => current,
             (ReadAt::Current, None) => {
-                let current = query_revisions(conn)?.0.current;
+                let mut current = query_revisions(conn)?.0.current;
+                if let Some(unapplied) = &self.unapplied {
+                    current = unapplied.current(current);
+                }
                 *self.snapshot_revision.insert(current)
             }
         };
@@ -220,6 +254,18 @@ impl SqliteWrite {
     fn note_meta(&mut self, meta: Revisions, current: i64) {
         self.meta = Some(meta);
         self.read_current = current;
+    }
+
+    /// The writer's connection sees every commit: nothing is unapplied for it.
+    fn unapplied(&self) -> Option<&UnappliedView> {
+        None
+    }
+
+    /// The connection, for a change other than a log row: the write then
+    /// commits directly (see `journal`).
+    fn direct(&mut self) -> &Connection {
+        self.direct = true;
+        &self.conn
     }
 
     /// The index to read and the revision a read at `at` sees in it: the
@@ -235,7 +281,7 @@ impl SqliteWrite {
 
     /// Removes log row `id` and notes the removal for the index.
     fn remove_row(&mut self, id: i64) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("DELETE FROM log WHERE id = ?1")?
             .execute([id])?;
         Ok(())
@@ -277,20 +323,17 @@ impl WriteTxn for SqliteWrite {
             );
         }
         let id = row_id(kv.mod_revision, entry.sub);
-        self.conn
-            .prepare_cached(
-                "INSERT INTO log (id, key, value, create_revision, version, lease, deleted) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?
-            .execute(params![
-                id,
-                kv.key,
-                kv.value,
-                kv.create_revision,
-                kv.version,
-                kv.lease,
-                entry.deleted
-            ])?;
+        insert_row(&self.conn, entry)?;
+        if self.journal.is_some() && !self.direct {
+            self.record_bytes += kv.key.len() + kv.value.len();
+            if self.record_bytes > APPLY_BYTES {
+                // Too large for the record log: committed directly.
+                self.direct = true;
+                self.records = Vec::new();
+            } else {
+                self.records.push(entry.clone());
+            }
+        }
         self.last_appended = self.last_appended.max(kv.mod_revision);
         match &self.replacement {
             Some(replacement) => {
@@ -309,7 +352,7 @@ impl WriteTxn for SqliteWrite {
         if self.meta_still_holds(&revisions) {
             return Ok(());
         }
-        self.conn
+        self.direct()
             .prepare_cached(
                 "UPDATE meta SET revision = ?1, compact_revision = ?2, compacted_through = ?3",
             )?
@@ -347,14 +390,14 @@ impl WriteTxn for SqliteWrite {
     }
 
     async fn set_setting(&mut self, name: &str, value: i64) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("INSERT OR REPLACE INTO settings (name, value) VALUES (?1, ?2)")?
             .execute(params![name, value])?;
         Ok(())
     }
 
     async fn put_lease(&mut self, lease: &LeaseRow) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached(
                 "INSERT OR REPLACE INTO lease (id, ttl, expires_at) VALUES (?1, ?2, ?3)",
             )?
@@ -363,28 +406,28 @@ impl WriteTxn for SqliteWrite {
     }
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("DELETE FROM lease WHERE id = ?1")?
             .execute([id])?;
         Ok(())
     }
 
     async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("INSERT OR IGNORE INTO alarm (member_id, alarm) VALUES (?1, ?2)")?
             .execute(params![alarm.member_id, alarm.alarm])?;
         Ok(())
     }
 
     async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("DELETE FROM alarm WHERE member_id = ?1 AND alarm = ?2")?
             .execute(params![alarm.member_id, alarm.alarm])?;
         Ok(())
     }
 
     async fn clear(&mut self) -> BackendResult<()> {
-        self.conn.execute_batch(
+        self.direct().execute_batch(
             "DELETE FROM log; DELETE FROM lease; DELETE FROM settings; DELETE FROM alarm; DELETE FROM auth; DELETE FROM replication;",
         )?;
         self.replacement = Some(SharedIndex::default());
@@ -400,28 +443,50 @@ impl WriteTxn for SqliteWrite {
         name: &[u8],
         record: &[u8],
     ) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("INSERT OR REPLACE INTO auth (kind, name, record) VALUES (?1, ?2, ?3)")?
             .execute(params![kind.as_str(), name, record])?;
         Ok(())
     }
 
     async fn set_replication_mark(&mut self, mark: &[u8]) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("INSERT OR REPLACE INTO replication (id, mark) VALUES (1, ?1)")?
             .execute([mark])?;
         Ok(())
     }
 
     async fn remove_auth_record(&mut self, kind: AuthKind, name: &[u8]) -> BackendResult<()> {
-        self.conn
+        self.direct()
             .prepare_cached("DELETE FROM auth WHERE kind = ?1 AND name = ?2")?
             .execute(params![kind.as_str(), name])?;
         Ok(())
     }
 
     async fn commit(mut self) -> BackendResult<()> {
-        self.conn.execute_batch("COMMIT")?;
+        match self.journal.clone() {
+            None => {
+                self.conn.execute_batch("COMMIT")?;
+                self.checkpointer
+                    .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
+            }
+            Some(journal) => {
+                let records = std::mem::take(&mut self.records);
+                let recorded = !self.direct
+                    && !records.is_empty()
+                    && journal.commit_rows(
+                        &self.conn,
+                        records,
+                        self.record_bytes,
+                        self.last_appended,
+                    )?;
+                if !recorded {
+                    journal.commit_direct(&self.conn, &self.checkpointer)?;
+                } else if journal.apply_due() {
+                    journal.apply(&self.conn, &self.checkpointer);
+                }
+            }
+        }
         self.committed = true;
         self.undo.clear();
         if let Some(replacement) = self.replacement.take() {
@@ -430,8 +495,25 @@ impl WriteTxn for SqliteWrite {
         } else if !self.removals.is_empty() {
             write_index(&self.index).remove(std::mem::take(&mut self.removals));
         }
-        self.checkpointer
-            .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
         Ok(())
     }
+}
+
+/// Appends `entry` to the log table.
+pub(super) fn insert_row(conn: &Connection, entry: &LogEntry) -> rusqlite::Result<()> {
+    let kv = &entry.kv;
+    conn.prepare_cached(
+        "INSERT INTO log (id, key, value, create_revision, version, lease, deleted) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        row_id(kv.mod_revision, entry.sub),
+        kv.key,
+        kv.value,
+        kv.create_revision,
+        kv.version,
+        kv.lease,
+        entry.deleted
+    ])?;
+    Ok(())
 }
