@@ -23,8 +23,9 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 
 use rusqlite::Connection;
 
-/// WAL length, in pages, that triggers a checkpoint: 16 MiB at cetera's 2 KiB
-/// pages (32 MiB in a database created with 4 KiB pages), eight times SQLite's default. A checkpoint copies the newest version of
+/// WAL length, in pages, that triggers a checkpoint: 32 MiB at cetera's 4 KiB
+/// pages (16 MiB in a database created with 2 KiB pages, as before the
+/// record log), eight times SQLite's default. A checkpoint copies the newest version of
 /// each page once, however often it changed, and puts to random keys keep
 /// changing the same few thousand pages: a longer WAL means fewer copies of
 /// each (less CPU, fewer bytes written) for a WAL file of about this size

@@ -10,8 +10,11 @@
 //!
 //! Layout: a header block (magic, generation, checksum), then frames from
 //! `HEADER_BYTES` on, each `length | generation | crc32c | payload`, the
-//! checksum covering generation and payload. A frame of an older generation,
-//! a torn one or the zeros after the last mark the end. The file is
+//! checksum covering generation and payload. A frame that fits in a block
+//! but not in what is left of the current one starts at the next block, so
+//! that a small commit's sync writes one block, not two; a reader that finds
+//! no frame where the last ended looks at the next block. A frame of an
+//! older generation, a torn one or the zeros after the last mark the end. The file is
 //! preallocated (fallocate, as etcd does) and reused from its start after
 //! every cut, so an fdatasync hardly ever has file metadata to journal.
 
@@ -25,9 +28,13 @@ use anyhow::Context;
 use crate::backend::LogEntry;
 use crate::proto::mvccpb::KeyValue;
 
+/// The page cache's page, and the file system's block: what an fdatasync
+/// writes for a frame is every block the frame touches.
+const BLOCK_BYTES: u64 = 4096;
+
 /// Bytes before the first frame: one block, so that the header's rewrite at
 /// a cut never shares a block with a frame.
-const HEADER_BYTES: u64 = 4096;
+const HEADER_BYTES: u64 = BLOCK_BYTES;
 
 /// The header's first bytes.
 const MAGIC: &[u8; 8] = b"cetera-r";
@@ -144,21 +151,21 @@ impl RecordLog {
         let mut rows = Vec::new();
         let mut offset = HEADER_BYTES;
         let mut header = [0u8; FRAME_HEADER_BYTES];
-        while offset + FRAME_HEADER_BYTES as u64 <= self.capacity {
-            self.file.read_exact_at(&mut header, offset)?;
-            let length = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as u64;
-            let generation = u64::from_le_bytes(header[4..12].try_into().expect("8 bytes"));
-            let crc = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
-            let next = offset + FRAME_HEADER_BYTES as u64 + length;
-            if length == 0 || generation != self.generation || next > self.capacity {
-                break;
-            }
-            let mut payload = vec![0u8; length as usize];
-            self.file
-                .read_exact_at(&mut payload, offset + FRAME_HEADER_BYTES as u64)?;
-            if crc32c::crc32c_append(crc32c::crc32c(&header[4..12]), &payload) != crc {
-                break; // torn: written, but not synced whole
-            }
+        loop {
+            // Where the last frame ended, or at the next block (see above).
+            let next_block = offset.next_multiple_of(BLOCK_BYTES);
+            let payload = match self.read_frame(offset, &mut header)? {
+                Some(payload) => payload,
+                None if next_block == offset => break,
+                None => match self.read_frame(next_block, &mut header)? {
+                    Some(payload) => {
+                        offset = next_block;
+                        payload
+                    }
+                    None => break,
+                },
+            };
+            let next = offset + (FRAME_HEADER_BYTES + payload.len()) as u64;
             decode_rows(&payload, &mut rows).with_context(|| {
                 format!(
                     "the record log {} has a damaged frame at {offset}",
@@ -172,13 +179,45 @@ impl RecordLog {
         Ok(rows)
     }
 
+    /// The payload of the current generation's frame at `offset`, if one is
+    /// there whole.
+    fn read_frame(
+        &self,
+        offset: u64,
+        header: &mut [u8; FRAME_HEADER_BYTES],
+    ) -> io::Result<Option<Vec<u8>>> {
+        if offset + FRAME_HEADER_BYTES as u64 > self.capacity {
+            return Ok(None);
+        }
+        self.file.read_exact_at(header, offset)?;
+        let length = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as u64;
+        let generation = u64::from_le_bytes(header[4..12].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
+        let end = offset + FRAME_HEADER_BYTES as u64 + length;
+        if length == 0 || generation != self.generation || end > self.capacity {
+            return Ok(None);
+        }
+        let mut payload = vec![0u8; length as usize];
+        self.file
+            .read_exact_at(&mut payload, offset + FRAME_HEADER_BYTES as u64)?;
+        if crc32c::crc32c_append(crc32c::crc32c(&header[4..12]), &payload) != crc {
+            return Ok(None); // torn: written, but not synced whole
+        }
+        Ok(Some(payload))
+    }
+
     /// Appends `rows` as one frame and syncs it. False, with nothing
     /// written, if the frame does not fit in the file.
     pub(super) fn append(&mut self, rows: &[LogEntry]) -> io::Result<bool> {
         let mut frame = vec![0u8; FRAME_HEADER_BYTES];
         encode_rows(rows, &mut frame);
         let length = (frame.len() - FRAME_HEADER_BYTES) as u64;
-        if self.end + frame.len() as u64 > self.capacity || length > u64::from(u32::MAX) {
+        let mut at = self.end;
+        let left_in_block = BLOCK_BYTES - at % BLOCK_BYTES;
+        if frame.len() as u64 <= BLOCK_BYTES && frame.len() as u64 > left_in_block {
+            at += left_in_block;
+        }
+        if at + frame.len() as u64 > self.capacity || length > u64::from(u32::MAX) {
             return Ok(false);
         }
         frame[0..4].copy_from_slice(&(length as u32).to_le_bytes());
@@ -186,9 +225,9 @@ impl RecordLog {
         let crc =
             crc32c::crc32c_append(crc32c::crc32c(&frame[4..12]), &frame[FRAME_HEADER_BYTES..]);
         frame[12..16].copy_from_slice(&crc.to_le_bytes());
-        self.file.write_all_at(&frame, self.end)?;
+        self.file.write_all_at(&frame, at)?;
         self.file.sync_data()?;
-        self.end += frame.len() as u64;
+        self.end = at + frame.len() as u64;
         self.frames += 1;
         Ok(true)
     }
@@ -325,6 +364,38 @@ mod tests {
         assert!(log.append(&third).unwrap());
         drop(log);
         assert_eq!(RecordLog::open(&db).unwrap().1, third);
+    }
+
+    /// Small frames that do not fit in what is left of a block start at the
+    /// next one, over stale bytes of an older generation, and still come
+    /// back in order; a large one spans blocks.
+    #[test]
+    fn frames_skip_to_the_next_block_and_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let (mut log, _) = RecordLog::open(&db).unwrap();
+        let rows: Vec<LogEntry> = (0..12)
+            .map(|i| {
+                row(
+                    i + 2,
+                    0,
+                    "key",
+                    &"v".repeat(if i == 7 { 9000 } else { 1500 }),
+                )
+            })
+            .collect();
+        for row in &rows {
+            assert!(log.append(std::slice::from_ref(row)).unwrap());
+        }
+        log.cut().unwrap();
+        let newer: Vec<LogEntry> = (0..12)
+            .map(|i| row(i + 20, 0, "key", &"w".repeat(1100 + 300 * (i as usize % 3))))
+            .collect();
+        for row in &newer {
+            assert!(log.append(std::slice::from_ref(row)).unwrap());
+        }
+        drop(log);
+        assert_eq!(RecordLog::open(&db).unwrap().1, newer);
     }
 
     /// A frame whose bytes were not all written (the power went between
