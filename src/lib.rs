@@ -75,7 +75,7 @@
 //!   (`snapshot.rs`).
 //! - [`backend`] (`src/backend/`): storage primitives (the `Backend`,
 //!   `ReadTxn`, `WriteTxn` traits in `mod.rs`), one module per SQL dialect
-//!   (`sqlite/`, `postgres/`, `mysql/`); shared: row decoding (`rows.rs`),
+//!   (`sqlite/`, with its record log in front, `postgres/`, `mysql/`); shared: row decoding (`rows.rs`),
 //!   streamed ranges (`range_stream.rs`), other instances' commits
 //!   (`changes.rs`), what an endpoint names (`datastore.rs`), opening any
 //!   datastore (`open.rs`), the settings rows (`settings.rs`), cetera's

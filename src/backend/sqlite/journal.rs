@@ -121,10 +121,15 @@ impl Journal {
         self.enabled.load(Ordering::Acquire)
     }
 
-    /// Applies the batch and sends later commits straight to SQLite.
+    /// Applies the batch and sends later commits straight to SQLite. The
+    /// record log's file goes (its 64 MiB are not kept for nothing); a
+    /// restart creates it again, empty, until this runs again.
     pub(super) fn disable(&self, conn: &Connection, checkpointer: &Checkpointer) {
         self.apply(conn, checkpointer);
         self.enabled.store(false, Ordering::Release);
+        if self.all_applied() {
+            self.log.lock().expect("record log poisoned").remove();
+        }
     }
 
     /// The unapplied rows and their revision, for a reader about to start.

@@ -8,11 +8,18 @@
 //! commit appends rows at its end. Which row holds a key's state at a
 //! revision is the key index's answer, kept in memory (`key_index`).
 //!
+//! A commit that only appends log rows (a put, a delete, a Txn) is made
+//! durable by the record log, not by an SQLite commit, and reaches SQLite
+//! in batches (`journal`): SQLite's WAL logs whole pages, several for one
+//! row, where the record log takes the row's own bytes.
+//!
 //! The code is split by concern: this file opens the database (its lock
 //! file, connections, migrations, the key index) and implements `Backend`;
 //! `txn` holds the transactions and their writes, `queries` the statements
 //! they read with, `key_index` the index, `range_stream` RangeStream's
-//! chunks, and `checkpointer` moves the WAL into the database file on its
+//! chunks, `record_log` the record log's file, `journal` the commits
+//! through it and their batches, `applier` applies a batch while the writer
+//! is idle, and `checkpointer` moves the WAL into the database file on its
 //! own thread.
 
 mod applier;
@@ -664,6 +671,24 @@ pub(crate) mod tests {
             .unwrap();
         put(&backend, 3, "b", b"two").await;
         apply_now(&backend).await;
+        assert_eq!(rows_in_file(&path), 2);
+    }
+
+    /// Replicated mode (commits not synced, the Raft log being the record):
+    /// the batch is applied, the record log's file removed, and commits go
+    /// straight to SQLite.
+    #[tokio::test]
+    async fn deferred_durability_commits_straight_to_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let backend = Sqlite::open(&path).unwrap();
+        let records = record_log::RecordLog::path_of(&path);
+        put(&backend, 2, "a", b"one").await;
+        assert!(records.exists());
+        backend.defer_durability().await.unwrap();
+        assert_eq!(rows_in_file(&path), 1);
+        assert!(!records.exists());
+        put(&backend, 3, "b", b"two").await;
         assert_eq!(rows_in_file(&path), 2);
     }
 

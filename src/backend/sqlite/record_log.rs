@@ -246,6 +246,13 @@ impl RecordLog {
         Ok(true)
     }
 
+    /// Removes the file (the log must be empty: everything applied).
+    pub(super) fn remove(&self) {
+        if let Err(error) = std::fs::remove_file(&self.path) {
+            tracing::warn!("cannot remove the record log {}: {error}", self.path.display());
+        }
+    }
+
     /// Starts the log over, once SQLite holds (durably) every row in it: a
     /// new generation, so that the old frames are not read back. Nothing to
     /// do if no frame was written since the last cut.
