@@ -1,39 +1,45 @@
 //! Commits made durable by the record log, and applied to SQLite in batches.
 //!
 //! The writer connection keeps one SQLite transaction open across commits,
-//! the batch; each write transaction is a savepoint in it. A commit that
-//! only appends log rows writes them to the record log (one frame, one
-//! fdatasync) and leaves them in the batch; the batch is committed to SQLite,
-//! synced, and the record log cut, once it is `APPLY_INTERVAL` old or holds
-//! `APPLY_BYTES` (by the writer after a commit, or by the applier thread when
-//! the writer is idle). A commit that writes anything else (leases, settings,
-//! compaction, ...) commits the batch with it at once, as every commit did
-//! before the record log.
+//! the batch; each write transaction is a savepoint in it. A commit whose
+//! changes are log rows, leases and settings (a put, a delete, a Txn, a
+//! lease grant, revoke or expiry, stored keep-alive deadlines) writes them
+//! to the record log (one frame, one fdatasync) and leaves them in the batch;
+//! the batch is committed to SQLite, synced, and the record log cut, once it
+//! is `APPLY_INTERVAL` old or holds `APPLY_BYTES` (by the writer after a
+//! commit, or by the applier thread when the writer is idle). A commit that
+//! writes anything else (compaction, auth, alarms, a restore) commits the
+//! batch with it at once, as every commit did before the record log. Each
+//! SQLite commit of a batch notes the record log generation it holds, so
+//! that a restart between that commit and the cut does not apply the
+//! generation's changes twice (a lease granted, then revoked by a direct
+//! commit, would come back).
 //!
 //! Readers use their own connections, which see only committed batches: the
-//! rows committed since, the unapplied rows, are kept in memory here until
-//! their batch is committed, with the revision they reach. A reader takes
-//! both (`UnappliedView`) before its SQLite snapshot starts, so every row
-//! up to that revision is in one or the other.
+//! changes committed since, the unapplied changes, are kept in memory here
+//! until their batch is committed, with the revision they reach. A reader
+//! takes both (`UnappliedView`) before its SQLite snapshot starts, so every
+//! row up to that revision is in one or the other, and leases and settings
+//! are read from the unapplied changes first.
 //!
-//! The batch's content is always the unapplied rows plus the open savepoint.
-//! Should SQLite lose the batch (a failed commit rolls it back), it is
-//! rebuilt from the unapplied rows when the next write begins.
+//! The batch's content is always the unapplied changes plus the open
+//! savepoint. Should SQLite lose the batch (a failed commit rolls it back),
+//! it is rebuilt from the unapplied changes when the next write begins.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
 use super::checkpointer::{self, Checkpointer};
 use super::key_index::row_id;
-use super::queries::query_revisions;
-use super::record_log::RecordLog;
-use super::txn::insert_row;
-use crate::backend::LogEntry;
+use super::queries::{query_revisions, query_setting};
+use super::record_log::{Change, RecordLog};
+use super::txn::{insert_row, write_lease, write_setting};
+use crate::backend::{LeaseRow, LogEntry};
 use crate::proto::mvccpb::KeyValue;
 
 /// Age at which a batch is applied. The prototype measured 100 ms and 1 s:
@@ -42,13 +48,61 @@ use crate::proto::mvccpb::KeyValue;
 pub(super) const APPLY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Record bytes at which a batch is applied however young: bounds the memory
-/// the unapplied rows take and keeps the record log far from full.
+/// the unapplied changes take and keeps the record log far from full.
 pub(super) const APPLY_BYTES: usize = 16 << 20;
 
-/// Rows committed to the record log and not yet to SQLite.
-type Rows = RwLock<BTreeMap<i64, LogEntry>>;
+/// The setting that holds the record log generation whose changes the
+/// database holds (see above).
+const APPLIED_GENERATION: &str = "record_log_applied_generation";
 
-/// The record log, the unapplied rows and the batch's age.
+/// Changes committed to the record log and not yet to SQLite, each the
+/// latest of its row, lease or setting.
+#[derive(Default)]
+struct Pending {
+    rows: BTreeMap<i64, LogEntry>,
+    /// None for a removed lease.
+    leases: BTreeMap<i64, Option<LeaseRow>>,
+    settings: BTreeMap<String, i64>,
+}
+
+impl Pending {
+    fn add(&mut self, change: Change) {
+        match change {
+            Change::Row(row) => {
+                self.rows.insert(row_id(row.kv.mod_revision, row.sub), row);
+            }
+            Change::Lease(lease) => {
+                self.leases.insert(lease.id, Some(lease));
+            }
+            Change::LeaseRemoved(id) => {
+                self.leases.insert(id, None);
+            }
+            Change::Setting(name, value) => {
+                self.settings.insert(name, value);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.leases.is_empty() && self.settings.is_empty()
+    }
+
+    /// Writes them on `conn`, in its open transaction.
+    fn write(&self, conn: &Connection) -> rusqlite::Result<()> {
+        for row in self.rows.values() {
+            insert_row(conn, row)?;
+        }
+        for (id, lease) in &self.leases {
+            write_lease(conn, *id, lease.as_ref())?;
+        }
+        for (name, value) in &self.settings {
+            write_setting(conn, name, *value)?;
+        }
+        Ok(())
+    }
+}
+
+/// The record log, the unapplied changes and the batch's age.
 pub(super) struct Journal {
     log: Mutex<RecordLog>,
     unapplied: RwLock<Unapplied>,
@@ -57,18 +111,22 @@ pub(super) struct Journal {
     /// where the Raft log is the durable record): commits then go straight
     /// to SQLite.
     enabled: AtomicBool,
+    /// True after the batch failed to commit (a full disk, say): commits go
+    /// straight to SQLite, taking the batch with them, until one succeeds,
+    /// so that the batch waiting for room does not grow.
+    stalled: AtomicBool,
 }
 
 struct Unapplied {
     /// Shared with the readers that started while they were unapplied.
-    rows: Arc<Rows>,
+    pending: Arc<RwLock<Pending>>,
     /// The revision the last commit reached.
     revision: i64,
 }
 
 #[derive(Default)]
 struct Batch {
-    /// When the batch's first row was committed.
+    /// When the batch's first change was committed.
     started: Option<Instant>,
     /// Record bytes in the batch.
     bytes: usize,
@@ -76,43 +134,45 @@ struct Batch {
 
 /// What a reader sees beyond the batches SQLite holds.
 pub(crate) struct UnappliedView {
-    rows: Arc<Rows>,
+    pending: Arc<RwLock<Pending>>,
     revision: i64,
 }
 
 impl Journal {
     /// Opens the record log of the database at `path` and applies what it
-    /// holds beyond the database's current revision (the commits of a batch
-    /// the process died in), then cuts it.
+    /// holds that the database does not (the commits of a batch the process
+    /// died in), then cuts it.
     pub(super) fn open(path: &Path, conn: &Connection) -> anyhow::Result<Journal> {
-        let (mut log, rows) = RecordLog::open(path)?;
-        if !rows.is_empty() {
+        let (mut log, changes) = RecordLog::open(path)?;
+        let applied = query_setting(conn, APPLIED_GENERATION)?;
+        if !changes.is_empty() && applied != Some(log.generation as i64) {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             let current = query_revisions(conn)?.0.current;
-            let newer: Vec<&LogEntry> = rows
-                .iter()
-                .filter(|row| row.kv.mod_revision > current)
-                .collect();
-            for row in &newer {
-                insert_row(conn, row)?;
+            let mut pending = Pending::default();
+            for change in changes {
+                // Rows at or below the current revision are in already.
+                if !matches!(&change, Change::Row(row) if row.kv.mod_revision <= current) {
+                    pending.add(change);
+                }
             }
+            pending.write(conn)?;
             conn.execute_batch("COMMIT")?;
-            if !newer.is_empty() {
-                tracing::info!(
-                    rows = newer.len(),
-                    "applied the record log's commits the database did not hold yet"
-                );
-            }
+            tracing::info!(
+                rows = pending.rows.len(),
+                leases = pending.leases.len(),
+                "applied the record log's commits the database did not hold yet"
+            );
         }
         log.cut()?;
         Ok(Journal {
             log: Mutex::new(log),
             unapplied: RwLock::new(Unapplied {
-                rows: Arc::default(),
+                pending: Arc::default(),
                 revision: 0,
             }),
             batch: Mutex::default(),
             enabled: AtomicBool::new(true),
+            stalled: AtomicBool::new(false),
         })
     }
 
@@ -132,30 +192,31 @@ impl Journal {
         }
     }
 
-    /// The unapplied rows and their revision, for a reader about to start.
+    /// True while the batch cannot be committed (see `stalled`).
+    pub(super) fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Acquire)
+    }
+
+    /// The unapplied changes and their revision, for a reader about to start.
     pub(super) fn view(&self) -> UnappliedView {
-        let unapplied = self.unapplied.read().expect("unapplied rows poisoned");
+        let unapplied = self.unapplied.read().expect("unapplied changes poisoned");
         UnappliedView {
-            rows: unapplied.rows.clone(),
+            pending: unapplied.pending.clone(),
             revision: unapplied.revision,
         }
     }
 
-    /// True if no committed row waits for its batch.
+    /// True if no committed change waits for its batch.
     pub(super) fn all_applied(&self) -> bool {
         self.batch.lock().expect("batch poisoned").started.is_none()
     }
 
     /// Starts a write on `conn`: opens a batch if none is open (rebuilding it
-    /// from the unapplied rows if SQLite lost it) and a savepoint in it.
+    /// from the unapplied changes if SQLite lost it) and a savepoint in it.
     pub(super) fn begin(&self, conn: &Connection) -> rusqlite::Result<()> {
         if conn.is_autocommit() {
             conn.execute_batch("BEGIN IMMEDIATE")?;
-            let rows = self.view().rows;
-            let rows = rows.read().expect("unapplied rows poisoned");
-            for row in rows.values() {
-                insert_row(conn, row)?;
-            }
+            self.view().pending().write(conn)?;
         }
         conn.prepare_cached("SAVEPOINT write")?.execute([])?;
         Ok(())
@@ -179,32 +240,32 @@ impl Journal {
         }
     }
 
-    /// Commits a write whose only changes are `rows`, reaching `revision`:
-    /// records them, then leaves them in the batch. False, with nothing
-    /// done, if the record log cannot take them: the write then commits
-    /// directly.
-    pub(super) fn commit_rows(
+    /// Commits a write whose only changes are `changes`, reaching
+    /// `revision`: records them, then leaves them in the batch. False, with
+    /// nothing done, if the record log cannot take them: the write then
+    /// commits directly.
+    pub(super) fn commit_changes(
         &self,
         conn: &Connection,
-        rows: Vec<LogEntry>,
+        changes: Vec<Change>,
         bytes: usize,
         revision: i64,
     ) -> std::io::Result<bool> {
-        if !self
-            .log
-            .lock()
-            .expect("record log poisoned")
-            .append(&rows)?
-        {
+        let mut log = self.log.lock().expect("record log poisoned");
+        if !log.append(&changes)? {
             return Ok(false);
         }
+        drop(log);
         {
-            let mut unapplied = self.unapplied.write().expect("unapplied rows poisoned");
-            let mut stored = unapplied.rows.write().expect("unapplied rows poisoned");
-            for row in rows {
-                stored.insert(row_id(row.kv.mod_revision, row.sub), row);
+            let mut unapplied = self.unapplied.write().expect("unapplied changes poisoned");
+            let mut pending = unapplied
+                .pending
+                .write()
+                .expect("unapplied changes poisoned");
+            for change in changes {
+                pending.add(change);
             }
-            drop(stored);
+            drop(pending);
             unapplied.revision = unapplied.revision.max(revision);
         }
         {
@@ -230,7 +291,10 @@ impl Journal {
         conn: &Connection,
         checkpointer: &Checkpointer,
     ) -> anyhow::Result<()> {
-        let committed = conn.execute_batch("RELEASE write; COMMIT");
+        let committed = conn
+            .execute_batch("RELEASE write")
+            .and_then(|()| self.note_applied(conn))
+            .and_then(|()| conn.execute_batch("COMMIT"));
         if let Err(error) = committed {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -268,9 +332,13 @@ impl Journal {
                 return;
             }
         }
-        if let Err(error) = conn.execute_batch("COMMIT") {
+        let committed = self
+            .note_applied(conn)
+            .and_then(|()| conn.execute_batch("COMMIT"));
+        if let Err(error) = committed {
             tracing::warn!("cannot apply the record log's commits: {error}");
             let _ = conn.execute_batch("ROLLBACK");
+            self.stalled.store(true, Ordering::Release);
             return;
         }
         checkpointer.after_commit(conn, checkpointer::wal_pages_after_commit());
@@ -279,29 +347,43 @@ impl Journal {
         }
     }
 
-    /// After SQLite committed every unapplied row: forgets them (readers
+    /// Notes in the batch the record log generation it holds.
+    fn note_applied(&self, conn: &Connection) -> rusqlite::Result<()> {
+        let log = self.log.lock().expect("record log poisoned");
+        if log.has_frames() {
+            write_setting(conn, APPLIED_GENERATION, log.generation as i64)?;
+        }
+        Ok(())
+    }
+
+    /// After SQLite committed every unapplied change: forgets them (readers
     /// that started before keep theirs) and cuts the record log.
     fn applied(&self) -> std::io::Result<()> {
         {
-            let mut unapplied = self.unapplied.write().expect("unapplied rows poisoned");
-            if !unapplied
-                .rows
+            let mut unapplied = self.unapplied.write().expect("unapplied changes poisoned");
+            let empty = unapplied
+                .pending
                 .read()
-                .expect("unapplied rows poisoned")
-                .is_empty()
-            {
-                unapplied.rows = Arc::default();
+                .expect("unapplied changes poisoned")
+                .is_empty();
+            if !empty {
+                unapplied.pending = Arc::default();
             }
             // Readers from now on start their snapshots after the commit,
             // which holds the current revision (lower, after a `clear`).
             unapplied.revision = 0;
         }
         *self.batch.lock().expect("batch poisoned") = Batch::default();
+        self.stalled.store(false, Ordering::Release);
         self.log.lock().expect("record log poisoned").cut()
     }
 }
 
 impl UnappliedView {
+    fn pending(&self) -> RwLockReadGuard<'_, Pending> {
+        self.pending.read().expect("unapplied changes poisoned")
+    }
+
     /// The current revision, given the one the reader's snapshot holds.
     pub(crate) fn current(&self, in_snapshot: i64) -> i64 {
         in_snapshot.max(self.revision)
@@ -309,8 +391,8 @@ impl UnappliedView {
 
     /// Row `id` as a key, if it is unapplied.
     pub(super) fn row(&self, id: i64, keys_only: bool) -> Option<KeyValue> {
-        let rows = self.rows.read().expect("unapplied rows poisoned");
-        let kv = &rows.get(&id)?.kv;
+        let pending = self.pending();
+        let kv = &pending.rows.get(&id)?.kv;
         Some(KeyValue {
             key: kv.key.clone(),
             value: if keys_only {
@@ -330,15 +412,68 @@ impl UnappliedView {
     /// each row once (a batch committed after the view was taken may be in
     /// both).
     pub(super) fn add_log(&self, after: i64, through: i64, entries: &mut Vec<LogEntry>) {
-        let rows = self.rows.read().expect("unapplied rows poisoned");
+        let pending = self.pending();
         let before = entries.len();
         entries.extend(
-            rows.range(row_id(after + 1, 0)..row_id(through + 1, 0))
+            pending
+                .rows
+                .range(row_id(after + 1, 0)..row_id(through + 1, 0))
                 .map(|(_, row)| row.clone()),
         );
         if entries.len() > before {
             entries.sort_by_key(|e| row_id(e.kv.mod_revision, e.sub));
             entries.dedup_by_key(|e| row_id(e.kv.mod_revision, e.sub));
         }
+    }
+
+    /// Lease `id` as the unapplied changes left it: Some(None) if they
+    /// removed it, None if they did not touch it.
+    pub(super) fn lease(&self, id: i64) -> Option<Option<LeaseRow>> {
+        self.pending().leases.get(&id).copied()
+    }
+
+    /// How many leases the unapplied changes touch.
+    pub(super) fn leases_touched(&self) -> usize {
+        self.pending().leases.len()
+    }
+
+    /// `leases` (the snapshot's, by deadline) with the unapplied changes.
+    pub(super) fn merge_leases(&self, leases: &mut Vec<LeaseRow>) {
+        let pending = self.pending();
+        if pending.leases.is_empty() {
+            return;
+        }
+        leases.retain(|lease| !pending.leases.contains_key(&lease.id));
+        leases.extend(pending.leases.values().flatten().copied());
+        leases.sort_by_key(|lease| (lease.expires_at, lease.id));
+    }
+
+    /// The ids of the first `limit` leases expired at `now_ms`, by deadline,
+    /// from `expired` (the snapshot's, with their deadlines) and the
+    /// unapplied changes.
+    pub(super) fn merge_expired(
+        &self,
+        mut expired: Vec<(i64, i64)>,
+        now_ms: i64,
+        limit: usize,
+    ) -> Vec<i64> {
+        let pending = self.pending();
+        expired.retain(|(id, _)| !pending.leases.contains_key(id));
+        expired.extend(
+            pending
+                .leases
+                .values()
+                .flatten()
+                .filter(|lease| lease.expires_at <= now_ms)
+                .map(|lease| (lease.id, lease.expires_at)),
+        );
+        expired.sort_by_key(|&(id, expires_at)| (expires_at, id));
+        expired.truncate(limit);
+        expired.into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// Setting `name`, if the unapplied changes set it.
+    pub(super) fn setting(&self, name: &str) -> Option<i64> {
+        self.pending().settings.get(name).copied()
     }
 }

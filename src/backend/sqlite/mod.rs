@@ -103,7 +103,7 @@ impl Sqlite {
         checkpointer::watch_wal(&writer);
         // A scratch file is written in one transaction and synced whole.
         let journal = match lock.is_some() {
-            true => Some(Arc::new(Journal::open(path, &writer)?)),
+            true => open_journal(path, &writer)?,
             false => None,
         };
         let index = KeyIndex::load(&writer).context("cannot read the log into the key index")?;
@@ -311,6 +311,23 @@ impl Drop for Sqlite {
     }
 }
 
+/// Opens the record log of the database at `path`. Without room for its
+/// file, commits go straight to SQLite, as before the record log: a log
+/// that took blocks as it went could fill the disk with commits the
+/// database then had no room to take.
+fn open_journal(path: &Path, writer: &Connection) -> anyhow::Result<Option<Arc<Journal>>> {
+    match Journal::open(path, writer) {
+        Ok(journal) => Ok(Some(Arc::new(journal))),
+        Err(error) if super::DiskFull::is(&error) => {
+            tracing::warn!(
+                "no room for the record log ({error:#}); commits go straight to the database"
+            );
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Opens a connection with the settings every cetera connection uses.
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
     let flags = if read_only {
@@ -500,8 +517,9 @@ fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::record_log::Change;
     use super::*;
-    use crate::backend::{KeyRange, LogEntry, ReadAt, ReadTxn, WriteTxn};
+    use crate::backend::{KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, WriteTxn};
     use crate::proto::mvccpb::KeyValue;
 
     /// A fresh, empty database in a temporary directory, which the guard
@@ -640,8 +658,12 @@ pub(crate) mod tests {
         };
         // As a process that died before applying its batch leaves it.
         let (mut log, _) = record_log::RecordLog::open(&path).unwrap();
-        assert!(log.append(&[row(2, "a", "stale")]).unwrap());
-        assert!(log.append(&[row(3, "b", "two")]).unwrap());
+        assert!(log.append(&[Change::Row(row(2, "a", "stale"))]).unwrap());
+        assert!(log.append(&[Change::Row(row(3, "b", "two"))]).unwrap());
+        assert!(
+            log.append(&[Change::Lease(LEASE), Change::LeaseRemoved(8)])
+                .unwrap()
+        );
         drop(log);
 
         let backend = Sqlite::open(&path).unwrap();
@@ -652,6 +674,77 @@ pub(crate) mod tests {
             read_values(&mut reader, &["a", "b"]).await,
             [Some(b"one".to_vec()), Some(b"two".to_vec())]
         );
+        assert_eq!(reader.lease(7).await.unwrap(), Some(LEASE));
+    }
+
+    const LEASE: LeaseRow = LeaseRow {
+        id: 7,
+        ttl: 60,
+        expires_at: 4_102_444_800_000,
+    };
+
+    /// A record log generation the database notes it holds (its batch was
+    /// committed, and the process died before the cut) is not applied
+    /// again: a lease revoked since would come back.
+    #[tokio::test]
+    async fn a_generation_the_database_holds_is_not_applied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        drop(Sqlite::open(&path).unwrap());
+        let (mut log, _) = record_log::RecordLog::open(&path).unwrap();
+        assert!(log.append(&[Change::Lease(LEASE)]).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO settings (name, value) VALUES ('record_log_applied_generation', ?1)",
+            [log.generation as i64],
+        )
+        .unwrap();
+        drop((log, conn));
+
+        let backend = Sqlite::open(&path).unwrap();
+        assert_eq!(backend.read().await.unwrap().lease(7).await.unwrap(), None);
+    }
+
+    /// Leases and settings committed through the record log are read from
+    /// memory until their batch is applied, and from the file after.
+    #[tokio::test]
+    async fn unapplied_leases_and_settings_are_read_as_committed() {
+        let (backend, _dir) = test_database().await;
+        let mut txn = backend.write().await.unwrap();
+        txn.put_lease(&LEASE).await.unwrap();
+        txn.put_lease(&LeaseRow { id: 8, ..LEASE }).await.unwrap();
+        txn.set_setting("a_setting", 5).await.unwrap();
+        txn.commit().await.unwrap();
+        let mut txn = backend.write().await.unwrap();
+        txn.remove_lease(8).await.unwrap();
+        txn.put_lease(&LeaseRow {
+            id: 9,
+            expires_at: 1,
+            ..LEASE
+        })
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+        for applied in [false, true] {
+            if applied {
+                apply_now(&backend).await;
+            }
+            let mut reader = backend.read().await.unwrap();
+            assert_eq!(
+                reader.lease(7).await.unwrap(),
+                Some(LEASE),
+                "applied: {applied}"
+            );
+            assert_eq!(reader.lease(8).await.unwrap(), None);
+            let expired = LeaseRow {
+                id: 9,
+                expires_at: 1,
+                ..LEASE
+            };
+            assert_eq!(reader.leases().await.unwrap(), [expired, LEASE]);
+            assert_eq!(reader.expired_leases(1000, 10).await.unwrap(), [9]);
+            assert_eq!(reader.setting("a_setting").await.unwrap(), Some(5));
+        }
     }
 
     /// Should SQLite drop the open batch (a failed commit rolls it back),

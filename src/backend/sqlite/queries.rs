@@ -100,14 +100,19 @@ pub(super) fn query_leases(conn: &Connection) -> rusqlite::Result<Vec<LeaseRow>>
         .collect()
 }
 
+/// The first `limit` leases expired at `now_ms`, soonest first: (id, expires_at).
 pub(super) fn query_expired_leases(
     conn: &Connection,
     now_ms: i64,
     limit: usize,
-) -> rusqlite::Result<Vec<i64>> {
-    conn.prepare_cached("SELECT id FROM lease WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2")?
-        .query_map(params![now_ms, limit as i64], |r| r.get(0))?
-        .collect()
+) -> rusqlite::Result<Vec<(i64, i64)>> {
+    conn.prepare_cached(
+        "SELECT id, expires_at FROM lease WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+    )?
+    .query_map(params![now_ms, limit as i64], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })?
+    .collect()
 }
 
 pub(super) fn query_alarms(conn: &Connection) -> rusqlite::Result<Vec<AlarmRow>> {

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::backend::LogEntry;
+use crate::backend::{LeaseRow, LogEntry};
 use crate::proto::mvccpb::KeyValue;
 
 /// The page cache's page, and the file system's block: what an fdatasync
@@ -51,12 +51,39 @@ pub(super) const PREALLOCATED_BYTES: u64 = 64 << 20;
 /// (i64 each), deleted (u8), key and value lengths (u32 each).
 const ROW_FIXED_BYTES: usize = 8 * 4 + 1 + 4 + 4;
 
+/// One change a commit recorded: the log row or lease or setting it wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Change {
+    Row(LogEntry),
+    Lease(LeaseRow),
+    LeaseRemoved(i64),
+    Setting(String, i64),
+}
+
+impl Change {
+    /// The bytes it takes in the log, about.
+    pub(super) fn size(&self) -> usize {
+        match self {
+            Change::Row(row) => ROW_FIXED_BYTES + row.kv.key.len() + row.kv.value.len(),
+            Change::Lease(_) => 24,
+            Change::LeaseRemoved(_) => 8,
+            Change::Setting(name, _) => 12 + name.len(),
+        }
+    }
+}
+
+/// The tags of `Change`'s kinds in a frame.
+const ROW: u8 = 0;
+const LEASE: u8 = 1;
+const LEASE_REMOVED: u8 = 2;
+const SETTING: u8 = 3;
+
 /// The open record log.
 pub(super) struct RecordLog {
     file: File,
     path: PathBuf,
     /// The current generation: only its frames are read back.
-    generation: u64,
+    pub(super) generation: u64,
     /// Where the next frame goes.
     end: u64,
     /// The file's length: a frame must end within it.
@@ -76,7 +103,7 @@ impl RecordLog {
     /// Opens (creating and preallocating if needed) the record log of the
     /// database at `database`, and returns it with the rows of its current
     /// generation, in the order written.
-    pub(super) fn open(database: &Path) -> anyhow::Result<(RecordLog, Vec<LogEntry>)> {
+    pub(super) fn open(database: &Path) -> anyhow::Result<(RecordLog, Vec<Change>)> {
         let path = Self::path_of(database);
         let existed = path.exists();
         let file = std::fs::OpenOptions::new()
@@ -95,7 +122,11 @@ impl RecordLog {
             frames: 0,
         };
         if !existed || log.file.metadata()?.len() < HEADER_BYTES {
-            log.create(database)?;
+            if let Err(error) = log.create(database) {
+                // Tried again at the next start.
+                let _ = std::fs::remove_file(&log.path);
+                return Err(error);
+            }
             return Ok((log, Vec::new()));
         }
         log.capacity = log.file.metadata()?.len();
@@ -150,7 +181,7 @@ impl RecordLog {
 
     /// Reads the current generation's frames from the start, up to the first
     /// that is not one of them (or is torn), and leaves `end` after them.
-    fn read_frames(&mut self) -> anyhow::Result<Vec<LogEntry>> {
+    fn read_frames(&mut self) -> anyhow::Result<Vec<Change>> {
         let mut rows = Vec::new();
         let mut offset = HEADER_BYTES;
         let mut header = [0u8; FRAME_HEADER_BYTES];
@@ -169,7 +200,7 @@ impl RecordLog {
                 },
             };
             let next = offset + (FRAME_HEADER_BYTES + payload.len()) as u64;
-            decode_rows(&payload, &mut rows).with_context(|| {
+            decode(&payload, &mut rows).with_context(|| {
                 format!(
                     "the record log {} has a damaged frame at {offset}",
                     self.path.display()
@@ -209,11 +240,16 @@ impl RecordLog {
         Ok(Some(payload))
     }
 
-    /// Appends `rows` as one frame and syncs it. False, with nothing
+    /// True if a frame was written since the last cut.
+    pub(super) fn has_frames(&self) -> bool {
+        self.frames > 0
+    }
+
+    /// Appends `changes` as one frame and syncs it. False, with nothing
     /// written, if the frame does not fit in the file.
-    pub(super) fn append(&mut self, rows: &[LogEntry]) -> io::Result<bool> {
+    pub(super) fn append(&mut self, changes: &[Change]) -> io::Result<bool> {
         let mut frame = vec![0u8; FRAME_HEADER_BYTES];
-        encode_rows(rows, &mut frame);
+        encode(changes, &mut frame);
         let length = (frame.len() - FRAME_HEADER_BYTES) as u64;
         let mut at = self.end;
         let left_in_block = BLOCK_BYTES - at % BLOCK_BYTES;
@@ -249,7 +285,10 @@ impl RecordLog {
     /// Removes the file (the log must be empty: everything applied).
     pub(super) fn remove(&self) {
         if let Err(error) = std::fs::remove_file(&self.path) {
-            tracing::warn!("cannot remove the record log {}: {error}", self.path.display());
+            tracing::warn!(
+                "cannot remove the record log {}: {error}",
+                self.path.display()
+            );
         }
     }
 
@@ -291,25 +330,47 @@ fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
     }
 }
 
-fn encode_rows(rows: &[LogEntry], out: &mut Vec<u8>) {
-    out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
-    for row in rows {
-        let kv = &row.kv;
-        out.extend_from_slice(&super::key_index::row_id(kv.mod_revision, row.sub).to_le_bytes());
-        out.extend_from_slice(&kv.create_revision.to_le_bytes());
-        out.extend_from_slice(&kv.version.to_le_bytes());
-        out.extend_from_slice(&kv.lease.to_le_bytes());
-        out.push(u8::from(row.deleted));
-        out.extend_from_slice(&(kv.key.len() as u32).to_le_bytes());
-        out.extend_from_slice(&kv.key);
-        out.extend_from_slice(&(kv.value.len() as u32).to_le_bytes());
-        out.extend_from_slice(&kv.value);
+fn encode(changes: &[Change], out: &mut Vec<u8>) {
+    fn bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(bytes);
+    }
+    out.extend_from_slice(&(changes.len() as u32).to_le_bytes());
+    for change in changes {
+        match change {
+            Change::Row(row) => {
+                let kv = &row.kv;
+                out.push(ROW);
+                let id = super::key_index::row_id(kv.mod_revision, row.sub);
+                for int in [id, kv.create_revision, kv.version, kv.lease] {
+                    out.extend_from_slice(&int.to_le_bytes());
+                }
+                out.push(u8::from(row.deleted));
+                bytes(out, &kv.key);
+                bytes(out, &kv.value);
+            }
+            Change::Lease(lease) => {
+                out.push(LEASE);
+                for int in [lease.id, lease.ttl, lease.expires_at] {
+                    out.extend_from_slice(&int.to_le_bytes());
+                }
+            }
+            Change::LeaseRemoved(id) => {
+                out.push(LEASE_REMOVED);
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+            Change::Setting(name, value) => {
+                out.push(SETTING);
+                bytes(out, name.as_bytes());
+                out.extend_from_slice(&value.to_le_bytes());
+            }
+        }
     }
 }
 
-fn decode_rows(mut payload: &[u8], rows: &mut Vec<LogEntry>) -> anyhow::Result<()> {
+fn decode(mut payload: &[u8], changes: &mut Vec<Change>) -> anyhow::Result<()> {
     fn take<'a>(payload: &mut &'a [u8], n: usize) -> anyhow::Result<&'a [u8]> {
-        anyhow::ensure!(payload.len() >= n, "a row runs past its frame");
+        anyhow::ensure!(payload.len() >= n, "a change runs past its frame");
         let (taken, rest) = payload.split_at(n);
         *payload = rest;
         Ok(taken)
@@ -322,29 +383,45 @@ fn decode_rows(mut payload: &[u8], rows: &mut Vec<LogEntry>) -> anyhow::Result<(
         Ok(take(payload, length)?.to_vec())
     }
     let count = u32::from_le_bytes(take(&mut payload, 4)?.try_into()?) as usize;
-    rows.reserve(count.min(payload.len() / ROW_FIXED_BYTES));
+    changes.reserve(count.min(payload.len() / 9));
     for _ in 0..count {
-        let id = int(&mut payload)?;
-        let create_revision = int(&mut payload)?;
-        let version = int(&mut payload)?;
-        let lease = int(&mut payload)?;
-        let deleted = take(&mut payload, 1)?[0] != 0;
-        let key = bytes(&mut payload)?;
-        let value = bytes(&mut payload)?;
-        rows.push(LogEntry {
-            kv: KeyValue {
-                key,
-                value,
-                create_revision,
-                mod_revision: super::key_index::revision_of(id),
-                version,
-                lease,
-            },
-            sub: id & (super::key_index::MAX_CHANGES_PER_REVISION - 1),
-            deleted,
-        });
+        let change = match take(&mut payload, 1)?[0] {
+            ROW => {
+                let id = int(&mut payload)?;
+                let create_revision = int(&mut payload)?;
+                let version = int(&mut payload)?;
+                let lease = int(&mut payload)?;
+                let deleted = take(&mut payload, 1)?[0] != 0;
+                let key = bytes(&mut payload)?;
+                let value = bytes(&mut payload)?;
+                Change::Row(LogEntry {
+                    kv: KeyValue {
+                        key,
+                        value,
+                        create_revision,
+                        mod_revision: super::key_index::revision_of(id),
+                        version,
+                        lease,
+                    },
+                    sub: id & (super::key_index::MAX_CHANGES_PER_REVISION - 1),
+                    deleted,
+                })
+            }
+            LEASE => Change::Lease(LeaseRow {
+                id: int(&mut payload)?,
+                ttl: int(&mut payload)?,
+                expires_at: int(&mut payload)?,
+            }),
+            LEASE_REMOVED => Change::LeaseRemoved(int(&mut payload)?),
+            SETTING => {
+                let name = String::from_utf8(bytes(&mut payload)?)?;
+                Change::Setting(name, int(&mut payload)?)
+            }
+            tag => anyhow::bail!("unknown change {tag}"),
+        };
+        changes.push(change);
     }
-    anyhow::ensure!(payload.is_empty(), "bytes after a frame's last row");
+    anyhow::ensure!(payload.is_empty(), "bytes after a frame's last change");
     Ok(())
 }
 
@@ -352,8 +429,8 @@ fn decode_rows(mut payload: &[u8], rows: &mut Vec<LogEntry>) -> anyhow::Result<(
 mod tests {
     use super::*;
 
-    fn row(revision: i64, sub: i64, key: &str, value: &str) -> LogEntry {
-        LogEntry {
+    fn row(revision: i64, sub: i64, key: &str, value: &str) -> Change {
+        Change::Row(LogEntry {
             kv: KeyValue {
                 key: key.into(),
                 value: value.into(),
@@ -364,7 +441,7 @@ mod tests {
             },
             sub,
             deleted: false,
-        }
+        })
     }
 
     /// Frames read back in order until the cut; after it, none until new
@@ -375,7 +452,17 @@ mod tests {
         let db = dir.path().join("state.db");
         let (mut log, rows) = RecordLog::open(&db).unwrap();
         assert!(rows.is_empty());
-        let first = vec![row(2, 0, "a", "one"), row(2, 1, "b", "two")];
+        let first = vec![
+            row(2, 0, "a", "one"),
+            row(2, 1, "b", "two"),
+            Change::Lease(LeaseRow {
+                id: 7,
+                ttl: 60,
+                expires_at: 1_000_000,
+            }),
+            Change::LeaseRemoved(8),
+            Change::Setting("a_setting".into(), 3),
+        ];
         let second = vec![row(3, 0, "a", "three")];
         assert!(log.append(&first).unwrap());
         assert!(log.append(&second).unwrap());
@@ -402,7 +489,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
         let (mut log, _) = RecordLog::open(&db).unwrap();
-        let rows: Vec<LogEntry> = (0..12)
+        let rows: Vec<Change> = (0..12)
             .map(|i| {
                 row(
                     i + 2,
@@ -416,7 +503,7 @@ mod tests {
             assert!(log.append(std::slice::from_ref(row)).unwrap());
         }
         log.cut().unwrap();
-        let newer: Vec<LogEntry> = (0..12)
+        let newer: Vec<Change> = (0..12)
             .map(|i| row(i + 20, 0, "key", &"w".repeat(1100 + 300 * (i as usize % 3))))
             .collect();
         for row in &newer {

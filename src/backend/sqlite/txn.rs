@@ -15,6 +15,7 @@ use super::queries::{
     query_alarms, query_auth_records, query_expired_leases, query_lease, query_leases, query_log,
     query_revisions, query_rows, query_setting,
 };
+use super::record_log::Change;
 use super::return_reader;
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
@@ -76,13 +77,13 @@ pub struct SqliteWrite {
     pub(super) removals: Vec<Removal>,
     /// The record log, if this write commits through it (see `journal`).
     pub(super) journal: Option<Arc<Journal>>,
-    /// The rows appended, for the record log; emptied once they pass
+    /// The changes made, for the record log; emptied once they pass
     /// `journal::APPLY_BYTES` (the write then commits directly).
-    pub(super) records: Vec<LogEntry>,
-    /// The bytes of `records`' keys and values.
+    pub(super) records: Vec<Change>,
+    /// The bytes of `records`.
     pub(super) record_bytes: usize,
-    /// True once the write changed more than the log: it then commits
-    /// directly to SQLite.
+    /// True once the write changed what the record log does not hold
+    /// (compaction, auth, alarms, ...): it then commits directly to SQLite.
     pub(super) direct: bool,
 }
 
@@ -160,17 +161,27 @@ macro_rules! impl_read_txn {
 
             async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
                 let $conn = self;
+                if let Some(value) = $conn.unapplied().and_then(|u| u.setting(name)) {
+                    return Ok(Some(value));
+                }
                 Ok(query_setting($get, name)?)
             }
 
             async fn lease(&mut self, id: i64) -> BackendResult<Option<LeaseRow>> {
                 let $conn = self;
+                if let Some(lease) = $conn.unapplied().and_then(|u| u.lease(id)) {
+                    return Ok(lease);
+                }
                 Ok(query_lease($get, id)?)
             }
 
             async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
                 let $conn = self;
-                Ok(query_leases($get)?)
+                let mut leases = query_leases($get)?;
+                if let Some(unapplied) = $conn.unapplied() {
+                    unapplied.merge_leases(&mut leases);
+                }
+                Ok(leases)
             }
 
             async fn expired_leases(
@@ -179,7 +190,16 @@ macro_rules! impl_read_txn {
                 limit: usize,
             ) -> BackendResult<Vec<i64>> {
                 let $conn = self;
-                Ok(query_expired_leases($get, now_ms, limit)?)
+                // Leases the unapplied changes removed or moved may be among
+                // the snapshot's first `limit`: read as many more.
+                let touched = $conn.unapplied().map_or(0, |u| u.leases_touched());
+                let expired = query_expired_leases($get, now_ms, limit + touched)?;
+                Ok(match $conn.unapplied() {
+                    Some(unapplied) if touched > 0 => {
+                        unapplied.merge_expired(expired, now_ms, limit)
+                    }
+                    _ => expired.into_iter().take(limit).map(|(id, _)| id).collect(),
+                })
             }
 
             async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
@@ -261,11 +281,26 @@ impl SqliteWrite {
         None
     }
 
-    /// The connection, for a change other than a log row: the write then
-    /// commits directly (see `journal`).
+    /// The connection, for a change the record log does not hold: the
+    /// write then commits directly (see `journal`).
     fn direct(&mut self) -> &Connection {
         self.direct = true;
         &self.conn
+    }
+
+    /// Notes `change` for the record log, if this write goes through it.
+    fn record(&mut self, change: Change) {
+        if self.journal.is_none() || self.direct {
+            return;
+        }
+        self.record_bytes += change.size();
+        if self.record_bytes > APPLY_BYTES {
+            // Too large for the record log: committed directly.
+            self.direct = true;
+            self.records = Vec::new();
+        } else {
+            self.records.push(change);
+        }
     }
 
     /// The index to read and the revision a read at `at` sees in it: the
@@ -325,14 +360,7 @@ impl WriteTxn for SqliteWrite {
         let id = row_id(kv.mod_revision, entry.sub);
         insert_row(&self.conn, entry)?;
         if self.journal.is_some() && !self.direct {
-            self.record_bytes += kv.key.len() + kv.value.len();
-            if self.record_bytes > APPLY_BYTES {
-                // Too large for the record log: committed directly.
-                self.direct = true;
-                self.records = Vec::new();
-            } else {
-                self.records.push(entry.clone());
-            }
+            self.record(Change::Row(entry.clone()));
         }
         self.last_appended = self.last_appended.max(kv.mod_revision);
         match &self.replacement {
@@ -390,25 +418,20 @@ impl WriteTxn for SqliteWrite {
     }
 
     async fn set_setting(&mut self, name: &str, value: i64) -> BackendResult<()> {
-        self.direct()
-            .prepare_cached("INSERT OR REPLACE INTO settings (name, value) VALUES (?1, ?2)")?
-            .execute(params![name, value])?;
+        write_setting(&self.conn, name, value)?;
+        self.record(Change::Setting(name.to_owned(), value));
         Ok(())
     }
 
     async fn put_lease(&mut self, lease: &LeaseRow) -> BackendResult<()> {
-        self.direct()
-            .prepare_cached(
-                "INSERT OR REPLACE INTO lease (id, ttl, expires_at) VALUES (?1, ?2, ?3)",
-            )?
-            .execute(params![lease.id, lease.ttl, lease.expires_at])?;
+        write_lease(&self.conn, lease.id, Some(lease))?;
+        self.record(Change::Lease(*lease));
         Ok(())
     }
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
-        self.direct()
-            .prepare_cached("DELETE FROM lease WHERE id = ?1")?
-            .execute([id])?;
+        write_lease(&self.conn, id, None)?;
+        self.record(Change::LeaseRemoved(id));
         Ok(())
     }
 
@@ -474,7 +497,8 @@ impl WriteTxn for SqliteWrite {
                 let records = std::mem::take(&mut self.records);
                 let recorded = !self.direct
                     && !records.is_empty()
-                    && journal.commit_rows(
+                    && !journal.stalled()
+                    && journal.commit_changes(
                         &self.conn,
                         records,
                         self.record_bytes,
@@ -515,5 +539,31 @@ pub(super) fn insert_row(conn: &Connection, entry: &LogEntry) -> rusqlite::Resul
         kv.lease,
         entry.deleted
     ])?;
+    Ok(())
+}
+
+/// Writes lease `id` (None: removes it).
+pub(super) fn write_lease(
+    conn: &Connection,
+    id: i64,
+    lease: Option<&LeaseRow>,
+) -> rusqlite::Result<()> {
+    match lease {
+        Some(lease) => conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO lease (id, ttl, expires_at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![lease.id, lease.ttl, lease.expires_at])?,
+        None => conn
+            .prepare_cached("DELETE FROM lease WHERE id = ?1")?
+            .execute([id])?,
+    };
+    Ok(())
+}
+
+/// Writes setting `name`.
+pub(super) fn write_setting(conn: &Connection, name: &str, value: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT OR REPLACE INTO settings (name, value) VALUES (?1, ?2)")?
+        .execute(params![name, value])?;
     Ok(())
 }
