@@ -644,22 +644,11 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         put(&Sqlite::open(&path).unwrap(), 2, "a", b"one").await;
-        let row = |revision: i64, key: &str, value: &str| LogEntry {
-            kv: KeyValue {
-                key: key.into(),
-                value: value.into(),
-                create_revision: revision,
-                mod_revision: revision,
-                version: 1,
-                lease: 0,
-            },
-            sub: 0,
-            deleted: false,
-        };
+        let row = |revision, key, value| record_log::tests::row(revision, 0, key, value);
         // As a process that died before applying its batch leaves it.
         let (mut log, _) = record_log::RecordLog::open(&path).unwrap();
-        assert!(log.append(&[Change::Row(row(2, "a", "stale"))]).unwrap());
-        assert!(log.append(&[Change::Row(row(3, "b", "two"))]).unwrap());
+        assert!(log.append(&[row(2, "a", "stale")]).unwrap());
+        assert!(log.append(&[row(3, "b", "two")]).unwrap());
         assert!(
             log.append(&[Change::Lease(LEASE), Change::LeaseRemoved(8)])
                 .unwrap()
@@ -800,27 +789,13 @@ pub(crate) mod tests {
         let puts =
             checkpointer::CHECKPOINT_PAGES as usize * PAGE_SIZE as usize * 3 / 2 / value_bytes;
         for i in 0..puts {
-            let revision = i as i64 + 2;
-            let mut txn = backend.write().await.unwrap();
-            let mut revisions = txn.revisions().await.unwrap();
-            let kv = KeyValue {
-                key: format!("key{i:05}").into_bytes(),
-                value: vec![7; value_bytes],
-                create_revision: revision,
-                mod_revision: revision,
-                version: 1,
-                lease: 0,
-            };
-            txn.append(&LogEntry {
-                kv,
-                sub: 0,
-                deleted: false,
-            })
-            .await
-            .unwrap();
-            revisions.current = revision;
-            txn.set_revisions(revisions).await.unwrap();
-            txn.commit().await.unwrap();
+            put(
+                &backend,
+                i as i64 + 2,
+                &format!("key{i:05}"),
+                &vec![7; value_bytes],
+            )
+            .await;
         }
         // The first checkpoint copies two thirds of what was written.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -426,10 +426,11 @@ fn decode(mut payload: &[u8], changes: &mut Vec<Change>) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn row(revision: i64, sub: i64, key: &str, value: &str) -> Change {
+    /// A put of `key` at `revision` (change `sub` of it), as a change.
+    pub(crate) fn row(revision: i64, sub: i64, key: &str, value: &str) -> Change {
         Change::Row(LogEntry {
             kv: KeyValue {
                 key: key.into(),
