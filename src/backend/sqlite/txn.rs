@@ -8,8 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::OwnedMutexGuard;
 
 use super::checkpointer::{self, Checkpointer};
-use super::journal::APPLY_BYTES;
-use super::journal::{Journal, UnappliedView};
+use super::journal::{APPLY_BYTES, Journal, UnappliedView};
 use super::key_index::{KeyIndex, LATEST, MAX_CHANGES_PER_REVISION, Removal, Undo, row_id};
 use super::queries::{
     query_alarms, query_auth_records, query_expired_leases, query_lease, query_leases, query_log,
