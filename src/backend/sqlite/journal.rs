@@ -385,7 +385,7 @@ impl UnappliedView {
     }
 
     /// The current revision, given the one the reader's snapshot holds.
-    pub(crate) fn current(&self, in_snapshot: i64) -> i64 {
+    pub(super) fn current(&self, in_snapshot: i64) -> i64 {
         in_snapshot.max(self.revision)
     }
 

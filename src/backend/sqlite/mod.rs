@@ -8,8 +8,8 @@
 //! commit appends rows at its end. Which row holds a key's state at a
 //! revision is the key index's answer, kept in memory (`key_index`).
 //!
-//! A commit that only appends log rows (a put, a delete, a Txn) is made
-//! durable by the record log, not by an SQLite commit, and reaches SQLite
+//! A commit whose changes are log rows, leases and settings (a put, a
+//! delete, a Txn, a lease grant or revoke) is made durable by the record log, not by an SQLite commit, and reaches SQLite
 //! in batches (`journal`): SQLite's WAL logs whole pages, several for one
 //! row, where the record log takes the row's own bytes.
 //!

@@ -1,7 +1,8 @@
 //! The record log: the embedded store's redo log, in the shape of etcd's WAL.
 //!
-//! A commit that only appends log rows (a put, a delete, a Txn) is made
-//! durable by one frame here and one fdatasync, not by an SQLite commit: SQLite
+//! A commit whose changes are log rows, leases and settings (a put, a
+//! delete, a Txn, a lease grant or revoke, stored keep-alive deadlines) is
+//! made durable by one frame here and one fdatasync, not by an SQLite commit: SQLite
 //! logs whole pages, five or so of 2 KiB for one 1 KiB row, where this file
 //! takes the row's own bytes. The rows reach SQLite in batches (see
 //! `journal`), after which the log is cut: the file starts over in a new
