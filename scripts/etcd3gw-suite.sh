@@ -79,7 +79,9 @@ if [[ $server == etcd ]]; then
         --initial-cluster "default=http://127.0.0.1:$peer_port")
 else
     if [[ -z "$bin" ]]; then
-        cargo build -p cetera
+        # The whole workspace with its tests: the features the test run already
+        # built with, so no second copy of every dependency lands in target/.
+        cargo build --workspace --all-targets
         bin=$root/target/debug/cetera
     fi
     cmd=("$bin")
