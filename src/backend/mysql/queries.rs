@@ -143,11 +143,14 @@ pub(super) async fn query_range(
 }
 
 /// `ReadTxn::current_range` in one statement (so one snapshot, even
-/// outside a transaction): the counters, the count or NULL, then each key's
-/// columns; a range with no keys still gives one row, of NULL keys. The
-/// statement takes start and end (if bounded) for the count, then for the
-/// keys, then the limit (0: no keys). Errors are the driver's, so that the
-/// caller can tell a dead connection.
+/// outside a transaction): the counters and the count or NULL in a row of
+/// their own (its key NULL), then each key's columns (their counters NULL).
+/// A UNION ALL, not a join of the counters with the keys: MariaDB
+/// materialises a derived table with its own LIMIT and sorts the join, which
+/// made a one-key Range 2-3x the cost of a plain SELECT. The statement takes
+/// start and end (if bounded) for the count, then for the keys, then the
+/// limit (0: no keys). Errors are the driver's, so that the caller can tell
+/// a dead connection.
 pub(super) async fn query_current_range(
     conn: &mut Conn,
     query: CurrentRangeQuery<'_>,
@@ -164,12 +167,13 @@ pub(super) async fn query_current_range(
         false => "NULL".to_string(),
     };
     let sql = format!(
-        "SELECT m.revision, m.compact_revision, m.compacted_through, {count}, \
-           r.`key`, r.value, r.create_revision, r.mod_revision, r.version, r.lease \
-         FROM meta AS m LEFT JOIN (\
-           SELECT `key`, {value} AS value, create_revision, mod_revision, version, lease \
-           FROM kv WHERE `key` >= ?{end} ORDER BY `key` LIMIT ?\
-         ) AS r ON TRUE WHERE m.id = 1 ORDER BY r.`key`"
+        "SELECT revision, compact_revision, compacted_through, {count}, \
+           NULL, NULL, NULL, NULL, NULL, NULL \
+         FROM meta WHERE id = 1 \
+         UNION ALL (\
+           SELECT NULL, NULL, NULL, NULL, \
+             `key`, {value}, create_revision, mod_revision, version, lease \
+           FROM kv WHERE `key` >= ?{end} ORDER BY `key` LIMIT ?)"
     );
     let limit = match (query.rows, query.limit) {
         (false, _) => 0,
@@ -183,17 +187,19 @@ pub(super) async fn query_current_range(
     params.extend(range_params(range, ReadAt::Current, Some(limit)));
     let rows: Vec<Row> = conn.exec(sql.as_str(), params).await?;
     let decode = || -> anyhow::Result<CurrentRange> {
-        let first = rows.first().context("the meta table has no row")?;
-        let revisions = revisions_from_row(first)?;
-        let count: Option<i64> = first.column(3)?;
-        let mut kvs = Vec::with_capacity(rows.len());
+        let mut counters = None;
+        let mut kvs = Vec::with_capacity(rows.len().saturating_sub(1));
         for row in &rows {
             if row.column::<Option<Vec<u8>>>(4)?.is_some() {
                 kvs.push(kv_from_row(&ColumnsFrom { row, first: 4 })?);
+            } else {
+                counters = Some(row);
             }
         }
+        let counters = counters.context("the meta table has no row")?;
+        let count: Option<i64> = counters.column(3)?;
         Ok(CurrentRange {
-            revisions,
+            revisions: revisions_from_row(counters)?,
             kvs,
             count: count.filter(|_| query.count),
         })
