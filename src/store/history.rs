@@ -2,9 +2,11 @@
 //! state of each key, for watchers that catch up and for revisions that
 //! other instances committed.
 
+use std::collections::HashMap;
+
 use super::error::{StoreError, StoreResult};
-use crate::backend::{Backend, KeyRange, ReadAt, ReadTxn};
-use crate::proto::mvccpb::{Event, event::EventType};
+use crate::backend::{Backend, KeyRange, LogEntry, ReadAt, ReadTxn};
+use crate::proto::mvccpb::{Event, KeyValue, event::EventType};
 use crate::store::hub::RevisionEvents;
 
 /// The revisions in `(after, through]` (capped at the current revision).
@@ -22,15 +24,17 @@ pub async fn read<B: Backend>(
         return Err(StoreError::Compacted);
     }
     let through = revs.current.min(through);
+    let entries = txn.log_entries(after, through).await?;
+    let mut previous = match with_prev_kv {
+        true => PreviousStates::read(&mut txn, &entries, after, revs.compact).await?,
+        false => PreviousStates::default(),
+    };
     let mut history: Vec<RevisionEvents> = Vec::new();
-    for entry in txn.log_entries(after, through).await? {
+    for entry in entries {
         let revision = entry.kv.mod_revision;
         let is_create = !entry.deleted && entry.kv.create_revision == revision;
         let prev_kv = if with_prev_kv && !is_create && revision > revs.compact {
-            let key = KeyRange::single(&entry.kv.key);
-            txn.range(&key, ReadAt::Revision(revision - 1), 1, false)
-                .await?
-                .pop()
+            previous.before(&mut txn, &entry.kv.key, revision).await?
         } else {
             None
         };
@@ -39,9 +43,11 @@ pub async fn read<B: Backend>(
         } else {
             EventType::Put
         };
+        let kv = entry.kv;
+        previous.changed(&kv, entry.deleted);
         let event = Event {
             r#type: kind as i32,
-            kv: Some(entry.kv),
+            kv: Some(kv),
             prev_kv,
         };
         match history.last_mut() {
@@ -53,4 +59,71 @@ pub async fn read<B: Backend>(
         }
     }
     Ok(history)
+}
+
+/// The state of the window's keys as the events go by: read for all of them
+/// at once before the first event (one statement on a server database,
+/// where a read per event made each instance's cost grow with the others'
+/// writes), then moved on by each event.
+#[derive(Default)]
+struct PreviousStates {
+    /// Each key's state after the last event seen (None: absent).
+    latest: HashMap<Vec<u8>, Option<KeyValue>>,
+    /// The revision of each key's last event seen.
+    changed_at: HashMap<Vec<u8>, i64>,
+}
+
+impl PreviousStates {
+    /// The window's keys at `after`, or at the compact revision if that is
+    /// later: no key of the window changes between the two, or its first
+    /// event is at or below the compact revision and gets no previous state.
+    async fn read<T: ReadTxn>(
+        txn: &mut T,
+        entries: &[LogEntry],
+        after: i64,
+        compact: i64,
+    ) -> StoreResult<Self> {
+        let mut keys: Vec<Vec<u8>> = entries.iter().map(|e| e.kv.key.clone()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut latest: HashMap<Vec<u8>, Option<KeyValue>> =
+            keys.iter().map(|key| (key.clone(), None)).collect();
+        if !keys.is_empty() {
+            for kv in txn.keys_at(&keys, after.max(compact)).await? {
+                latest.insert(kv.key.clone(), Some(kv));
+            }
+        }
+        Ok(PreviousStates {
+            latest,
+            changed_at: HashMap::new(),
+        })
+    }
+
+    /// `key`'s state at `revision` - 1. Read again when the key already
+    /// changed in `revision` itself (twice in one revision).
+    async fn before<T: ReadTxn>(
+        &mut self,
+        txn: &mut T,
+        key: &[u8],
+        revision: i64,
+    ) -> StoreResult<Option<KeyValue>> {
+        if self.changed_at.get(key) == Some(&revision) {
+            let range = KeyRange::single(key);
+            return Ok(txn
+                .range(&range, ReadAt::Revision(revision - 1), 1, false)
+                .await?
+                .pop());
+        }
+        Ok(self.latest.get(key).cloned().flatten())
+    }
+
+    /// Moves `kv`'s key on to its state after this event.
+    fn changed(&mut self, kv: &KeyValue, deleted: bool) {
+        if self.latest.is_empty() {
+            return; // not following (no previous states asked for)
+        }
+        let state = (!deleted).then(|| kv.clone());
+        self.latest.insert(kv.key.clone(), state);
+        self.changed_at.insert(kv.key.clone(), kv.mod_revision);
+    }
 }

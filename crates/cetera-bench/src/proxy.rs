@@ -5,17 +5,16 @@
 //! follows bytes from the server (or opens the connection), so a pipeline of
 //! statements sent together counts once.
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{self, Shutdown, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 /// Options of `cetera-bench proxy`.
 #[derive(Args, Debug)]
@@ -77,32 +76,47 @@ pub async fn run(args: &ProxyArgs) -> anyhow::Result<()> {
                 counts.connections.fetch_add(1, Ordering::Relaxed);
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                relay(client, server, delay, counts).await;
+                if let (Ok(client), Ok(server)) = (blocking(client), blocking(server)) {
+                    std::thread::spawn(move || relay(client, server, delay, counts));
+                }
             }
         });
     }
 }
 
+/// `stream` as a blocking std stream: the relay runs on threads, whose
+/// sleeps are accurate to tens of microseconds where tokio's timer rounds a
+/// delay up to whole milliseconds (0.5 ms each way became 1-2 ms).
+fn blocking(stream: TcpStream) -> std::io::Result<net::TcpStream> {
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 /// Forwards both ways until either side closes.
-async fn relay(client: TcpStream, server: TcpStream, delay: Duration, counts: Arc<Counts>) {
-    let (client_read, client_write) = client.into_split();
-    let (server_read, server_write) = server.into_split();
+fn relay(client: net::TcpStream, server: net::TcpStream, delay: Duration, counts: Arc<Counts>) {
+    let (Ok(client_write), Ok(server_write)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    let client_read = client;
     // True once the server has sent something since the client last did.
     let answered = Arc::new(AtomicBool::new(true));
-    let up = tokio::spawn(one_way(
-        client_read,
-        server_write,
-        delay,
-        Direction::Up(answered.clone(), counts.clone()),
-    ));
-    let down = one_way(
-        server_read,
+    let up = {
+        let Ok(client_read) = client_read.try_clone() else {
+            return;
+        };
+        let direction = Direction::Up(answered.clone(), counts.clone());
+        std::thread::spawn(move || one_way(client_read, server_write, delay, direction))
+    };
+    one_way(
+        server,
         client_write,
         delay,
         Direction::Down(answered, counts),
     );
-    down.await;
-    up.abort();
+    // The server closed: end the client's side too, which ends `up`.
+    let _ = client_read.shutdown(Shutdown::Both);
+    let _ = up.join();
 }
 
 enum Direction {
@@ -112,25 +126,32 @@ enum Direction {
 
 /// Reads from `from` and writes each chunk to `to` `delay` after it came:
 /// a delay line, so chunks in flight do not wait for one another.
-async fn one_way(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+fn one_way(
+    mut from: net::TcpStream,
+    mut to: net::TcpStream,
     delay: Duration,
     direction: Direction,
 ) {
-    let (sender, mut receiver) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = tokio::spawn(async move {
-        while let Some((due, chunk)) = receiver.recv().await {
-            tokio::time::sleep_until(due).await;
-            if to.write_all(&chunk).await.is_err() {
+    let (sender, receiver) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let writer = std::thread::spawn(move || {
+        // Linux lets a sleep end up to 50 us late by default (the timer
+        // slack): one each way would add 0.1 ms to every round trip.
+        // SAFETY: prctl with PR_SET_TIMERSLACK only changes this thread's slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1) };
+        for (due, chunk) in receiver {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&chunk).is_err() {
                 break;
             }
         }
-        let _ = to.shutdown().await;
+        let _ = to.shutdown(Shutdown::Write);
     });
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
-        let n = match from.read(&mut buffer).await {
+        let n = match from.read(&mut buffer) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -154,5 +175,5 @@ async fn one_way(
         }
     }
     drop(sender);
-    let _ = writer.await;
+    let _ = writer.join();
 }

@@ -551,6 +551,12 @@ pub(crate) mod tests {
             let two = read.range(&all, at, 2, false).await.unwrap();
             assert_eq!(two.len(), 2);
         }
+        let wanted = [b"a".to_vec(), b"absent".to_vec()];
+        let at = read.keys_at(&wanted, 2).await.unwrap();
+        assert_eq!(at.len(), 1);
+        assert_eq!((at[0].key.as_slice(), at[0].mod_revision), (&b"a"[..], 2));
+        assert_eq!(at[0].value, [0, 1, 2, 0xff]);
+        assert!(read.keys_at(&wanted, 1).await.unwrap().is_empty());
         drop(read);
 
         // A value bigger than etcd's request limit goes through whole.
@@ -576,6 +582,8 @@ pub(crate) mod tests {
             let got = read.range(&single, at, 0, false).await.unwrap();
             assert!(got[0].value == big, "{at:?}");
         }
+        let got = read.keys_at(&[b"big".to_vec()], 3).await.unwrap();
+        assert!(got.len() == 1 && got[0].value == big, "keys_at");
         drop(read);
 
         let size = backend.size().await.unwrap();

@@ -207,6 +207,51 @@ pub(super) async fn query_current_range(
     decode().map_err(|error| mysql_async::Error::Other(error.into()))
 }
 
+/// `ReadTxn::keys_at` in one statement: each key's last log row at or
+/// below `revision`, unless it deleted the key. Sent as text, with the keys
+/// as literals: a prepared statement for each number of keys would crowd
+/// the connection's statement cache.
+pub(super) async fn query_keys_at(
+    conn: &mut Conn,
+    keys: &[Vec<u8>],
+    revision: i64,
+) -> BackendResult<Vec<KeyValue>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list: Vec<String> = keys.iter().map(|key| bytes_literal(key)).collect();
+    let sql = format!(
+        "SELECT `key`, value, create_revision, revision, version, lease \
+         FROM log AS l WHERE `key` IN ({}) AND revision <= {revision} AND deleted = 0 \
+         AND (revision, sub) = (SELECT revision, sub FROM log \
+             WHERE `key` = l.`key` AND revision <= {revision} \
+             ORDER BY revision DESC, sub DESC LIMIT 1)",
+        list.join(", ")
+    );
+    let rows: Vec<Row> = conn
+        .query(&sql)
+        .await
+        .map_err(db_error)
+        .context("MySQL query failed: the keys at a revision")?;
+    rows.iter()
+        .map(|row| kv_from_row(row).context("unexpected row from the keys at a revision"))
+        .collect()
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+
+/// `bytes` as a MySQL hexadecimal literal, which needs no escaping.
+pub(super) fn bytes_literal(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(3 + 2 * bytes.len());
+    text.push_str("X'");
+    for byte in bytes {
+        text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(HEX_DIGITS[usize::from(byte & 0xf)]));
+    }
+    text.push('\'');
+    text
+}
+
 pub(super) async fn query_count(
     conn: &mut Conn,
     range: &KeyRange,

@@ -9,9 +9,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 
 use super::queries::{
-    execute, query_alarms, query_auth_records, query_count, query_current_range,
-    query_expired_leases, query_lease, query_lease_keys, query_leases, query_log, query_range,
-    query_revisions, query_setting,
+    bytes_literal, execute, query_alarms, query_auth_records, query_count, query_current_range,
+    query_expired_leases, query_keys_at, query_lease, query_lease_keys, query_leases, query_log,
+    query_range, query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
 use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row, revisions_from_row};
@@ -300,20 +300,6 @@ impl MysqlWrite {
     }
 }
 
-const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-
-/// `bytes` as a MySQL hexadecimal literal, which needs no escaping.
-fn bytes_literal(bytes: &[u8]) -> String {
-    let mut text = String::with_capacity(3 + 2 * bytes.len());
-    text.push_str("X'");
-    for byte in bytes {
-        text.push(char::from(HEX_DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(HEX_DIGITS[usize::from(byte & 0xf)]));
-    }
-    text.push('\'');
-    text
-}
-
 /// The read queries, shared by read and write transactions; `revisions`
 /// differs between them, and a write transaction answers reads of what it
 /// read ahead or wrote itself.
@@ -346,6 +332,14 @@ macro_rules! impl_read_txn {
 
             async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
                 query_count(self.read_conn().await?, range, at).await
+            }
+
+            async fn keys_at(
+                &mut self,
+                keys: &[Vec<u8>],
+                revision: i64,
+            ) -> BackendResult<Vec<KeyValue>> {
+                query_keys_at(self.read_conn().await?, keys, revision).await
             }
 
             async fn log_entries(

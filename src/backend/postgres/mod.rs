@@ -558,6 +558,16 @@ pub(crate) mod tests {
         assert_eq!(txn.count(&from(b""), ReadAt::Revision(3)).await.unwrap(), 5);
         assert_eq!(txn.count(&bounded, ReadAt::Current).await.unwrap(), 1);
         assert_eq!(txn.count(&from(b"\xff"), ReadAt::Current).await.unwrap(), 2);
+        let wanted = vec![b"\x80".to_vec(), b"\x7f".to_vec(), b"none".to_vec()];
+        let mut at2 = keys(&txn.keys_at(&wanted, 2).await.unwrap());
+        at2.sort();
+        assert_eq!(at2, vec![b"\x7f".to_vec(), b"\x80".to_vec()]);
+        let at3 = txn.keys_at(&wanted, 3).await.unwrap();
+        assert_eq!(keys(&at3), vec![b"\x7f".to_vec()], "deleted at 3");
+        assert_eq!(
+            (at3[0].value.as_slice(), at3[0].mod_revision),
+            (&b"v"[..], 2)
+        );
     }
 
     #[tokio::test]

@@ -104,6 +104,14 @@ static COUNT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     all
 });
 
+/// `ReadTxn::keys_at`: each key's last log row at or below the revision,
+/// unless that row deleted it. Parameters: $1 the keys, $2 the revision.
+const KEYS_AT_SQL: &str = "SELECT key, value, create_revision, revision, version, lease FROM (\
+       SELECT DISTINCT ON (key) key, value, create_revision, revision, version, lease, deleted \
+       FROM log WHERE key = ANY($1) AND revision <= $2 \
+       ORDER BY key, revision DESC, sub DESC\
+     ) AS at_revision WHERE NOT deleted";
+
 /// Current-range statements (`ReadTxn::current_range`): the counters, the
 /// count or NULL, then each key's columns, in one statement and so from one
 /// snapshot, with or without an upper bound, values and the count.
@@ -210,6 +218,16 @@ impl TxnConn {
             bail!("Postgres returned a range out of key order");
         }
         Ok(kvs)
+    }
+
+    /// `ReadTxn::keys_at` in one statement.
+    pub(super) async fn keys_at(
+        &mut self,
+        keys: &[Vec<u8>],
+        revision: i64,
+    ) -> BackendResult<Vec<KeyValue>> {
+        let rows = self.query(KEYS_AT_SQL, &[&keys, &revision]).await?;
+        Ok(rows.iter().map(kv_from_row).collect::<Result<_, _>>()?)
     }
 
     /// `ReadTxn::current_range` in one statement. Sent first, it runs

@@ -383,6 +383,14 @@ macro_rules! forward_reads {
             self.conn.count(range, at).await
         }
 
+        async fn keys_at(
+            &mut self,
+            keys: &[Vec<u8>],
+            revision: i64,
+        ) -> BackendResult<Vec<KeyValue>> {
+            self.conn.keys_at(keys, revision).await
+        }
+
         async fn log_entries(&mut self, after: i64, through: i64) -> BackendResult<Vec<LogEntry>> {
             self.conn.log_entries(after, through).await
         }
@@ -456,6 +464,11 @@ impl ReadTxn for PostgresWrite {
     async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
         self.locked().await?;
         self.conn.count(range, at).await
+    }
+
+    async fn keys_at(&mut self, keys: &[Vec<u8>], revision: i64) -> BackendResult<Vec<KeyValue>> {
+        self.locked().await?;
+        self.conn.keys_at(keys, revision).await
     }
 
     async fn log_entries(&mut self, after: i64, through: i64) -> BackendResult<Vec<LogEntry>> {

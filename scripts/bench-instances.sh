@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Instances that add up (issue 30): 1, 2 and 4 ceteras on one PostgreSQL or
+# MySQL/MariaDB database, the load split evenly over them (cetera-bench spreads
+# its connections round-robin over the endpoints), the sums reported.
+#
+# For each instance count: a new database, the instances started on it, the key
+# space written (not measured), then a put step and a range step of 64 clients
+# over 8 connections per instance. Reported per step: operations/s over all
+# instances, p50/p99, CPU seconds per 1000 requests of the ceteras together and
+# of the database server's processes, and the writers' lock waits: sampled
+# every 50 ms, the number of the database's sessions waiting on a row lock
+# (PostgreSQL: pg_stat_activity wait_event_type 'Lock'; MariaDB: InnoDB
+# transactions in LOCK WAIT), averaged over the step. Every writer locks the
+# revision row (`meta`), so that average is how many writers queue on it.
+#
+# Usage: scripts/bench-instances.sh [--backend postgres|mysql] [--counts 1,2,4]
+#                                   [--duration 10s] [--clients 64] [--out DIR]
+# Env: BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
+#      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306; user root, no password).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+BACKEND=postgres
+COUNTS=1,2,4
+DURATION=10s
+CLIENTS=64
+OUT=""
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --backend) BACKEND=$2; shift ;;
+        --counts) COUNTS=$2; shift ;;
+        --duration) DURATION=$2; shift ;;
+        --clients) CLIENTS=$2; shift ;;
+        --out) OUT=$2; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+PG_URL=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}
+MYSQL_URL=${BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306}
+OUT=${OUT:-$ROOT/target/bench/instances-$BACKEND-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+DB=cetera_instances_$$
+
+log() { echo "[instances $(date +%H:%M:%S)] $*" >&2; }
+
+case $BACKEND in
+    postgres)
+        ENDPOINT="$PG_URL/$DB?sslmode=disable"
+        sql() { psql "$PG_URL/postgres" -tAqc "$1"; }
+        db_sql() { psql "$PG_URL/$DB" -tAqc "$1"; }
+        WAITING="SELECT count(*) FROM pg_stat_activity WHERE datname = '$DB' AND wait_event_type = 'Lock'"
+        db_pids() { pgrep -x postgres | tr '\n' ' '; } ;;
+    mysql)
+        ENDPOINT="$MYSQL_URL/$DB"
+        sql() { mariadb -u root -h 127.0.0.1 -N -e "$1"; }
+        db_sql() { sql "$1"; }
+        WAITING="SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+        db_pids() { pgrep -x 'mariadbd|mysqld' | tr '\n' ' '; } ;;
+    *) echo "unknown backend: $BACKEND (postgres or mysql)" >&2; exit 2 ;;
+esac
+
+log "building release binaries"
+cargo build --release --quiet -p cetera -p cetera-bench
+CETERA=$ROOT/target/release/cetera
+BENCH=$ROOT/target/release/cetera-bench
+
+PIDS=()
+stop_all() {
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    PIDS=()
+}
+trap 'stop_all; sql "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true' EXIT
+
+free_port() {
+    python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
+}
+cpu_seconds() { # the CPU seconds (user + system) of PIDS so far
+    local p
+    for p in $1; do awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null; done |
+        awk -v hz="$(getconf CLK_TCK)" '{ n += $1 } END { print n / hz }'
+}
+
+# step LABEL COUNT ENDPOINTS ARGS...: one measured cetera-bench run.
+step() {
+    local label=$1 count=$2 endpoints=$3
+    shift 3
+    local ceteras=${PIDS[*]} database
+    database=$(db_pids)
+    local cetera0 db0
+    cetera0=$(cpu_seconds "$ceteras")
+    db0=$(cpu_seconds "$database")
+    # The lock-wait sampler: one count per line.
+    (while true; do db_sql "$WAITING" 2>/dev/null || true; sleep 0.05; done) >"$OUT/$label-$count.waits" &
+    local sampler=$!
+    "$BENCH" --endpoints "$endpoints" --conns $((8 * count)) --clients "$CLIENTS" \
+        --duration "$DURATION" --no-progress --json "$@" >"$OUT/$label-$count.json" ||
+        log "  $label reported errors (see $OUT/$label-$count.json)"
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+    python3 - "$label" "$count" "$OUT/$label-$count.json" "$OUT/$label-$count.waits" \
+        "$(awk -v a="$cetera0" -v b="$(cpu_seconds "$ceteras")" 'BEGIN { print b - a }')" \
+        "$(awk -v a="$db0" -v b="$(cpu_seconds "$database")" 'BEGIN { print b - a }')" \
+        >>"$OUT/results.jsonl" <<'EOF'
+import json, sys
+label, count, path, waits, cetera_cpu, db_cpu = sys.argv[1:7]
+result = json.load(open(path))["results"][0]
+samples = [int(line) for line in open(waits) if line.strip().isdigit()]
+ops = result["count"] or 1
+print(json.dumps({
+    "step": label, "instances": int(count), "per_sec": round(result["per_sec"]),
+    "errors": result["errors"], "p50_ms": result["latency_ms"]["p50"],
+    "p99_ms": result["latency_ms"]["p99"],
+    "cetera_cpu_ms_per_op": round(1000 * float(cetera_cpu) / ops, 3),
+    "db_cpu_ms_per_op": round(1000 * float(db_cpu) / ops, 3),
+    "lock_waiters": round(sum(samples) / len(samples), 2) if samples else None,
+}))
+EOF
+    tail -n1 "$OUT/results.jsonl" >&2
+}
+
+: >"$OUT/results.jsonl"
+IFS=, read -ra counts <<<"$COUNTS"
+for count in "${counts[@]}"; do
+    log "$count instance(s) on one $BACKEND database"
+    sql "DROP DATABASE IF EXISTS $DB" >/dev/null
+    urls=()
+    for i in $(seq 1 "$count"); do
+        port=$(free_port)
+        RUST_LOG=warn "$CETERA" --listen-address "127.0.0.1:$port" --endpoint "$ENDPOINT" \
+            >"$OUT/cetera-$count-$i.log" 2>&1 &
+        PIDS+=($!)
+        urls+=("http://127.0.0.1:$port")
+        # One at a time: the first creates the database and its tables.
+        "$BENCH" --endpoints "${urls[-1]}" wait --timeout 30s
+    done
+    endpoints=$(IFS=,; echo "${urls[*]}")
+    "$BENCH" --endpoints "$endpoints" --conns "$count" --clients 16 populate >/dev/null
+    step put "$count" "$endpoints" put
+    step range "$count" "$endpoints" range
+    stop_all
+done
+
+python3 - "$OUT/results.jsonl" "$BACKEND" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print(f"\n{sys.argv[2]}: instances on one database, sums over the instances\n")
+print("| step | instances | ops/s | p50 ms | p99 ms | cetera CPU ms/op | database CPU ms/op | writers waiting on a lock (mean) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r['step']} | {r['instances']} | {r['per_sec']:,} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+          f"{r['cetera_cpu_ms_per_op']:.3f} | {r['db_cpu_ms_per_op']:.3f} | {r['lock_waiters']} |")
+EOF
