@@ -2,7 +2,7 @@
 //! count SQL at the current or an older revision, and the read queries that
 //! read and write transactions share.
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Params, Row, Value, from_row_opt};
 
@@ -197,6 +197,11 @@ pub(super) async fn query_current_range(
             }
         }
         let counters = counters.context("the meta table has no row")?;
+        // A UNION ALL's parts come out in order in MariaDB, but SQL does
+        // not promise it: a reordering is an error, not a wrong answer.
+        if !kvs.is_sorted_by(|a, b| a.key < b.key) {
+            bail!("MySQL returned a range out of key order");
+        }
         let count: Option<i64> = counters.column(3)?;
         Ok(CurrentRange {
             revisions: revisions_from_row(counters)?,
