@@ -13,7 +13,9 @@ use std::time::Duration;
 use common::Cetera;
 use common::datastore::{TestBackend, test_backend};
 use common::fault_proxy::FaultProxy;
-use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, Event, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+};
 use tokio::sync::watch;
 
 const KEYS: usize = 4;
@@ -71,35 +73,47 @@ async fn cas_writer(endpoint: String, writes: usize) -> Vec<i64> {
     acked
 }
 
-/// Collects the events a watcher on `endpoint` receives from `start`, up to
-/// and including the write of `/cas/end`.
-async fn watch_revisions(endpoint: String, start: i64) -> Vec<(i64, String, String)> {
+/// Collects what `seen` makes of each event a watcher of `prefix` on
+/// `endpoint` receives, through the write of the key `prefix` + "end".
+async fn watch_until_end<T>(
+    endpoint: String,
+    prefix: &str,
+    options: WatchOptions,
+    seen: fn(&Event) -> T,
+) -> Vec<T> {
+    let end = format!("{prefix}end");
     let mut client = Client::connect([endpoint], None).await.unwrap();
-    let mut stream = client
-        .watch(
-            "/cas/",
-            Some(WatchOptions::new().with_prefix().with_start_revision(start)),
-        )
-        .await
-        .unwrap();
-    let mut seen = Vec::new();
+    let mut stream = client.watch(prefix, Some(options)).await.unwrap();
+    let mut events = Vec::new();
     loop {
         let next = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
         let Ok(Ok(Some(resp))) = next else { break };
+        let mut ended = false;
         for event in resp.events() {
-            assert_eq!(event.event_type(), EventType::Put);
-            let kv = event.kv().unwrap();
-            seen.push((
-                kv.mod_revision(),
-                kv.key_str().unwrap().to_string(),
-                kv.value_str().unwrap().to_string(),
-            ));
+            events.push(seen(event));
+            ended |= event.kv().is_some_and(|kv| kv.key() == end.as_bytes());
         }
-        if seen.last().is_some_and(|last| last.1 == "/cas/end") {
+        if ended {
             break;
         }
     }
-    seen
+    events
+}
+
+/// The puts under `/cas/` a watcher on `endpoint` receives from `start`:
+/// revision, key, value.
+async fn watch_revisions(endpoint: String, start: i64) -> Vec<(i64, String, String)> {
+    let options = WatchOptions::new().with_prefix().with_start_revision(start);
+    watch_until_end(endpoint, "/cas/", options, |event| {
+        assert_eq!(event.event_type(), EventType::Put);
+        let kv = event.kv().unwrap();
+        (
+            kv.mod_revision(),
+            kv.key_str().unwrap().to_string(),
+            kv.value_str().unwrap().to_string(),
+        )
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,37 +420,27 @@ async fn an_instance_whose_database_is_gone_answers_unavailable() {
 /// previous value with its mod revision.
 type SeenEvent = (i32, String, String, i64, Option<(String, i64)>);
 
-/// Collects the prefix `/p/` events with previous values a watcher on
-/// `endpoint` receives from `start`, through the write of `/p/end`.
+/// The events under `/p/`, with previous values, a watcher on `endpoint`
+/// receives from `start`.
 async fn watch_with_prev(endpoint: String, start: i64) -> Vec<SeenEvent> {
-    let mut client = Client::connect([endpoint], None).await.unwrap();
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(start)
         .with_prev_key();
-    let mut stream = client.watch("/p/", Some(options)).await.unwrap();
-    let mut seen = Vec::new();
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(20), stream.message()).await;
-        let Ok(Ok(Some(resp))) = next else { break };
-        for event in resp.events() {
-            let kv = event.kv().unwrap();
-            let prev = event
-                .prev_kv()
-                .map(|p| (p.value_str().unwrap().to_string(), p.mod_revision()));
-            seen.push((
-                event.event_type() as i32,
-                kv.key_str().unwrap().to_string(),
-                kv.value_str().unwrap().to_string(),
-                kv.mod_revision(),
-                prev,
-            ));
-        }
-        if seen.last().is_some_and(|last| last.1 == "/p/end") {
-            break;
-        }
-    }
-    seen
+    watch_until_end(endpoint, "/p/", options, |event| {
+        let kv = event.kv().unwrap();
+        let prev = event
+            .prev_kv()
+            .map(|p| (p.value_str().unwrap().to_string(), p.mod_revision()));
+        (
+            event.event_type() as i32,
+            kv.key_str().unwrap().to_string(),
+            kv.value_str().unwrap().to_string(),
+            kv.mod_revision(),
+            prev,
+        )
+    })
+    .await
 }
 
 /// A watcher's previous values are the same whether the writes came through
