@@ -16,7 +16,7 @@
 # Usage: scripts/bench-instances.sh [--backend postgres|mysql] [--counts 1,2,4]
 #                                   [--duration 10s] [--clients 64] [--out DIR]
 # Env: BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
-#      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306; user root, no password).
+#      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,6 +40,7 @@ while [[ $# -gt 0 ]]; do
 done
 PG_URL=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}
 MYSQL_URL=${BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306}
+source scripts/mysql-client.sh
 OUT=${OUT:-$ROOT/target/bench/instances-$BACKEND-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 DB=cetera_instances_$$
@@ -55,7 +56,7 @@ case $BACKEND in
         db_pids() { pgrep -x postgres | tr '\n' ' '; } ;;
     mysql)
         ENDPOINT="$MYSQL_URL/$DB"
-        sql() { mariadb -u root -h 127.0.0.1 -N -e "$1"; }
+        sql() { mysql_client -N -e "$1"; }
         db_sql() { sql "$1"; }
         WAITING="SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
         db_pids() { pgrep -x 'mariadbd|mysqld' | tr '\n' ' '; } ;;

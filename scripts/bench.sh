@@ -75,14 +75,7 @@ done
 
 PG_URL=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}
 MYSQL_URL=${BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306}
-# The mariadb client on MYSQL_URL (mysql://USER[:PASSWORD]@HOST[:PORT]; it takes no URL).
-mysql_client() {
-    [[ $MYSQL_URL =~ ^mysql://([^:@/]+)(:([^@/]*))?@([^:/]+)(:([0-9]+))?/?$ ]] ||
-        { echo "cannot read BENCH_MYSQL_URL=$MYSQL_URL (mysql://USER[:PASSWORD]@HOST[:PORT])" >&2; return 1; }
-    local args=(-u "${BASH_REMATCH[1]}" -h "${BASH_REMATCH[4]}" -P "${BASH_REMATCH[6]:-3306}")
-    [[ -n ${BASH_REMATCH[3]} ]] && args+=("-p${BASH_REMATCH[3]}")
-    mariadb "${args[@]}" "$@"
-}
+source scripts/mysql-client.sh
 case $BACKEND in
     sqlite) BACKEND_DESC="SQLite, WAL, synchronous=FULL" ;;
     postgres) BACKEND_DESC="PostgreSQL $(psql "$PG_URL/postgres" -tAc 'SHOW server_version' | cut -d' ' -f1), its own settings" ;;
