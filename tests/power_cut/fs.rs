@@ -253,16 +253,44 @@ impl Default for PowerCutFs {
 /// A mount of a [`PowerCutFs`]; unmounted when dropped.
 pub struct Mounted {
     session: Option<fuser::BackgroundSession>,
+    dir: std::path::PathBuf,
 }
 
 impl Mounted {
-    /// Unmounts, waiting for the file system's thread to end.
+    /// Unmounts, waiting for the file system's thread to end. The mount can
+    /// still be busy for a moment after its last user was killed and reaped
+    /// (seen once, with other test binaries running): EBUSY is tried again
+    /// for 5 s before it fails the test.
     pub fn unmount(mut self) {
-        if let Some(session) = self.session.take() {
-            session
-                .umount_and_join()
-                .expect("unmount the power-cut file system");
-        }
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let dir = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes())
+            .expect("a mount point without NUL bytes");
+        let mut busy = 0;
+        let unmounted = loop {
+            // SAFETY: umount reads the NUL-terminated path and nothing else.
+            if unsafe { libc::umount(dir.as_ptr()) } == 0 {
+                break true;
+            }
+            let error = std::io::Error::last_os_error();
+            match error.raw_os_error() {
+                Some(libc::EBUSY) if busy < 100 => busy += 1,
+                // Not root: leave it to fuser, which knows fusermount.
+                Some(libc::EPERM) => break false,
+                _ => panic!(
+                    "unmount the power-cut file system at {} (busy {busy} times before): {error}",
+                    self.dir.display()
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let joined = match unmounted {
+            // The file system's thread ends as its device reports the unmount.
+            true => session.join(),
+            false => session.umount_and_join(),
+        };
+        joined.expect("unmount the power-cut file system");
     }
 }
 
@@ -290,6 +318,7 @@ impl PowerCutFs {
         let session = fuser::spawn_mount(self.clone(), dir, &config)?;
         Ok(Mounted {
             session: Some(session),
+            dir: dir.to_path_buf(),
         })
     }
 
