@@ -257,10 +257,10 @@ pub struct Mounted {
 }
 
 impl Mounted {
-    /// Unmounts, waiting for the file system's thread to end. The mount can
-    /// still be busy for a moment after its last user was killed and reaped
-    /// (seen once, with other test binaries running): EBUSY is tried again
-    /// for 5 s before it fails the test.
+    /// Unmounts, waiting for the file system's thread to end. An unmount
+    /// failed once with other test binaries running (its error was not
+    /// kept): a busy mount (EBUSY) is tried again for 5 s, and any other
+    /// error fails the test with its errno and the mount point.
     pub fn unmount(mut self) {
         let Some(session) = self.session.take() else {
             return;
