@@ -2,18 +2,24 @@
 //!
 //! The writer connection keeps one SQLite transaction open across commits,
 //! the batch; each write transaction is a savepoint in it. A commit whose
-//! changes are log rows, leases and settings (a put, a delete, a Txn, a
-//! lease grant, revoke or expiry, stored keep-alive deadlines) writes them
-//! to the record log (one frame, one fdatasync) and leaves them in the batch;
-//! the batch is committed to SQLite, synced, and the record log cut, once it
-//! is `APPLY_INTERVAL` old or holds `APPLY_BYTES` (by the writer after a
-//! commit, or by the applier thread when the writer is idle). A commit that
-//! writes anything else (compaction, auth, alarms, a restore) commits the
+//! changes are log rows, leases, settings and the counters (a put, a delete,
+//! a Txn, a lease grant, revoke or expiry, stored keep-alive deadlines, a
+//! Compact and each step of compaction) writes them to the record log (one
+//! frame, one fdatasync) and leaves them in the batch; the batch is
+//! committed to SQLite, synced, and the record log cut, once it is
+//! `APPLY_INTERVAL` old or holds `APPLY_BYTES` or `APPLY_REMOVALS` (by the
+//! writer after a commit, or by the applier thread when the writer is idle).
+//! A commit that writes anything else (auth, alarms, a restore) commits the
 //! batch with it at once, as every commit did before the record log. Each
 //! SQLite commit of a batch notes the record log generation it holds, so
 //! that a restart between that commit and the cut does not apply the
 //! generation's changes twice (a lease granted, then revoked by a direct
 //! commit, would come back).
+//!
+//! Compaction's steps ride in the batch, and the rows they remove are
+//! deleted by the batch's commit, in id order: SQLite writes every page a
+//! commit changed, freed ones included, so a step per commit wrote the
+//! log's pages several times over (BENCHMARKS.md, issue 28).
 //!
 //! Readers use their own connections, which see only committed batches: the
 //! changes committed since, the unapplied changes, are kept in memory here
@@ -26,7 +32,7 @@
 //! savepoint. Should SQLite lose the batch (a failed commit rolls it back),
 //! it is rebuilt from the unapplied changes when the next write begins.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
@@ -38,8 +44,8 @@ use super::checkpointer::{self, Checkpointer};
 use super::key_index::row_id;
 use super::queries::{query_revisions, query_setting};
 use super::record_log::{Change, RecordLog};
-use super::txn::{insert_row, write_lease, write_setting};
-use crate::backend::{LeaseRow, LogEntry};
+use super::txn::{delete_rows, insert_row, write_lease, write_revisions, write_setting};
+use crate::backend::{LeaseRow, LogEntry, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
 /// Age at which a batch is applied. The prototype measured 100 ms and 1 s:
@@ -51,6 +57,12 @@ pub(super) const APPLY_INTERVAL: Duration = Duration::from_secs(1);
 /// the unapplied changes take and keeps the record log far from full.
 pub(super) const APPLY_BYTES: usize = 16 << 20;
 
+/// Rows compaction removed at which a batch is applied however young:
+/// deleting them at its commit holds the writer about 50 ms (their deletes
+/// go in id order within a batch, so larger batches write fewer pages, but
+/// a write waiting behind the commit waits for all of them).
+pub(super) const APPLY_REMOVALS: usize = 16_384;
+
 /// The setting that holds the record log generation whose changes the
 /// database holds (see above).
 const APPLIED_GENERATION: &str = "record_log_applied_generation";
@@ -60,9 +72,13 @@ const APPLIED_GENERATION: &str = "record_log_applied_generation";
 #[derive(Default)]
 struct Pending {
     rows: BTreeMap<i64, LogEntry>,
+    /// Ids of the log rows compaction removed.
+    removed: BTreeSet<i64>,
     /// None for a removed lease.
     leases: BTreeMap<i64, Option<LeaseRow>>,
     settings: BTreeMap<String, i64>,
+    /// The `meta` row, if a commit changed it.
+    revisions: Option<Revisions>,
 }
 
 impl Pending {
@@ -70,6 +86,13 @@ impl Pending {
         match change {
             Change::Row(row) => {
                 self.rows.insert(row_id(row.kv.mod_revision, row.sub), row);
+            }
+            Change::RowRemoved(id) => {
+                self.rows.remove(&id);
+                self.removed.insert(id);
+            }
+            Change::Revisions(revisions) => {
+                self.revisions = Some(revisions);
             }
             Change::Lease(lease) => {
                 self.leases.insert(lease.id, Some(lease));
@@ -84,13 +107,21 @@ impl Pending {
     }
 
     fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.leases.is_empty() && self.settings.is_empty()
+        self.rows.is_empty()
+            && self.removed.is_empty()
+            && self.leases.is_empty()
+            && self.settings.is_empty()
+            && self.revisions.is_none()
     }
 
-    /// Writes them on `conn`, in its open transaction.
+    /// Writes them on `conn`, in its open transaction, but for the removed
+    /// rows (`delete_removed`).
     fn write(&self, conn: &Connection) -> rusqlite::Result<()> {
         for row in self.rows.values() {
             insert_row(conn, row)?;
+        }
+        if let Some(revisions) = &self.revisions {
+            write_revisions(conn, revisions)?;
         }
         for (id, lease) in &self.leases {
             write_lease(conn, *id, lease.as_ref())?;
@@ -130,12 +161,23 @@ struct Batch {
     started: Option<Instant>,
     /// Record bytes in the batch.
     bytes: usize,
+    /// Rows compaction removed in the batch.
+    removed: usize,
 }
 
 /// What a reader sees beyond the batches SQLite holds.
 pub(crate) struct UnappliedView {
     pending: Arc<RwLock<Pending>>,
     revision: i64,
+}
+
+impl Pending {
+    /// Deletes the removed rows on `conn`, in its open transaction: done
+    /// once, by the commit that takes the batch to SQLite, so that the
+    /// deletes of many compaction steps go in id order (see `delete_rows`).
+    fn delete_removed(&self, conn: &Connection) -> rusqlite::Result<()> {
+        delete_rows(conn, self.removed.iter().copied())
+    }
 }
 
 impl Journal {
@@ -156,6 +198,7 @@ impl Journal {
                 }
             }
             pending.write(conn)?;
+            pending.delete_removed(conn)?;
             conn.execute_batch("COMMIT")?;
             tracing::info!(
                 rows = pending.rows.len(),
@@ -256,6 +299,10 @@ impl Journal {
             return Ok(false);
         }
         drop(log);
+        let removed = changes
+            .iter()
+            .filter(|change| matches!(change, Change::RowRemoved(_)))
+            .count();
         {
             let mut unapplied = self.unapplied.write().expect("unapplied changes poisoned");
             let mut pending = unapplied
@@ -272,6 +319,7 @@ impl Journal {
             let mut batch = self.batch.lock().expect("batch poisoned");
             batch.started.get_or_insert_with(Instant::now);
             batch.bytes += bytes;
+            batch.removed += removed;
         }
         if conn
             .prepare_cached("RELEASE write")
@@ -293,6 +341,7 @@ impl Journal {
     ) -> anyhow::Result<()> {
         let committed = conn
             .execute_batch("RELEASE write")
+            .and_then(|()| self.view().pending().delete_removed(conn))
             .and_then(|()| self.note_applied(conn))
             .and_then(|()| conn.execute_batch("COMMIT"));
         if let Err(error) = committed {
@@ -313,6 +362,7 @@ impl Journal {
             .started
             .is_some_and(|started| started.elapsed() >= APPLY_INTERVAL)
             || batch.bytes >= APPLY_BYTES
+            || batch.removed >= APPLY_REMOVALS
     }
 
     /// Commits the batch to SQLite (synced) and cuts the record log. A
@@ -333,7 +383,10 @@ impl Journal {
             }
         }
         let committed = self
-            .note_applied(conn)
+            .view()
+            .pending()
+            .delete_removed(conn)
+            .and_then(|()| self.note_applied(conn))
             .and_then(|()| conn.execute_batch("COMMIT"));
         if let Err(error) = committed {
             tracing::warn!("cannot apply the record log's commits: {error}");
@@ -387,6 +440,22 @@ impl UnappliedView {
     /// The current revision, given the one the reader's snapshot holds.
     pub(super) fn current(&self, in_snapshot: i64) -> i64 {
         in_snapshot.max(self.revision)
+    }
+
+    /// The counters, given those the reader's snapshot holds: a Compact or
+    /// a compaction step may have moved them since.
+    pub(super) fn revisions(&self, in_snapshot: Revisions) -> Revisions {
+        let current = self.current(in_snapshot.current);
+        match self.pending().revisions {
+            Some(meta) => Revisions {
+                current: current.max(meta.current),
+                ..meta
+            },
+            None => Revisions {
+                current,
+                ..in_snapshot
+            },
+        }
     }
 
     /// Row `id` as a key, if it is unapplied.

@@ -403,10 +403,12 @@ impl Backend for Sqlite {
             replacement: None,
             undo: Vec::new(),
             removals: Vec::new(),
+            removed_rows: Vec::new(),
             journal,
             records: Vec::new(),
             record_bytes: 0,
             direct: false,
+            finishes_compaction: false,
         })
     }
 
@@ -519,7 +521,7 @@ fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
 pub(crate) mod tests {
     use super::record_log::Change;
     use super::*;
-    use crate::backend::{KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, WriteTxn};
+    use crate::backend::{KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn};
     use crate::proto::mvccpb::KeyValue;
 
     /// A fresh, empty database in a temporary directory, which the guard
@@ -754,6 +756,96 @@ pub(crate) mod tests {
         put(&backend, 3, "b", b"two").await;
         apply_now(&backend).await;
         assert_eq!(rows_in_file(&path), 2);
+    }
+
+    /// A compaction step (a row removed, the counters moved) is a commit of
+    /// the record log like a put: readers see the new counters at once, the
+    /// database file only when the batch is applied, and a batch SQLite
+    /// lost is rebuilt with the removal in it. The step that finishes the
+    /// compaction applies the batch with it.
+    #[tokio::test]
+    async fn compaction_rides_in_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let backend = Sqlite::open(&path).unwrap();
+        for (revision, value) in [(2, b"one"), (3, b"two"), (4, b"thr")] {
+            put(&backend, revision, "a", value).await;
+        }
+        apply_now(&backend).await;
+        assert_eq!(rows_in_file(&path), 3);
+        // Compaction at 4, one step at a time: each drops the history before
+        // the step's entries.
+        let step = |through: i64| {
+            let backend = &backend;
+            async move {
+                let mut txn = backend.write().await.unwrap();
+                let mut revisions = txn.revisions().await.unwrap();
+                let newest = txn.log_entries(through - 1, through).await.unwrap();
+                txn.remove_history_before(&newest[0]).await.unwrap();
+                revisions.compact = 4;
+                revisions.compacted_through = through;
+                txn.set_revisions(revisions).await.unwrap();
+                txn.commit().await.unwrap();
+                revisions
+            }
+        };
+
+        let halfway = step(3).await;
+        assert_eq!(rows_in_file(&path), 3, "committed outside the batch");
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(reader.revisions().await.unwrap(), halfway);
+        drop(reader);
+        backend
+            .writer
+            .lock()
+            .await
+            .execute_batch("ROLLBACK")
+            .unwrap();
+        put(&backend, 5, "b", b"fou").await;
+        apply_now(&backend).await;
+        assert_eq!(rows_in_file(&path), 3, "a@2 removed, b@5 added");
+
+        let done = step(4).await;
+        assert_eq!(rows_in_file(&path), 2, "the last step was not applied");
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(reader.revisions().await.unwrap(), done);
+        assert_eq!(reader.log_entries(0, 5).await.unwrap().len(), 2);
+    }
+
+    /// A compaction step the process died before applying is applied at
+    /// open, from the record log.
+    #[tokio::test]
+    async fn a_compaction_step_is_replayed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let backend = Sqlite::open(&path).unwrap();
+            put(&backend, 2, "a", b"one").await;
+            put(&backend, 3, "a", b"two").await;
+        }
+        let compacted = Revisions {
+            current: 3,
+            compact: 3,
+            compacted_through: 3,
+        };
+        let (mut log, _) = record_log::RecordLog::open(&path).unwrap();
+        assert!(
+            log.append(&[
+                Change::RowRemoved(key_index::row_id(2, 0)),
+                Change::Revisions(compacted)
+            ])
+            .unwrap()
+        );
+        drop(log);
+
+        let backend = Sqlite::open(&path).unwrap();
+        assert_eq!(rows_in_file(&path), 1);
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(reader.revisions().await.unwrap(), compacted);
+        assert_eq!(
+            read_values(&mut reader, &["a"]).await,
+            [Some(b"two".to_vec())]
+        );
     }
 
     /// Replicated mode (commits not synced, the Raft log being the record):

@@ -1,8 +1,9 @@
 //! The record log: the embedded store's redo log, in the shape of etcd's WAL.
 //!
-//! A commit whose changes are log rows, leases and settings (a put, a
-//! delete, a Txn, a lease grant or revoke, stored keep-alive deadlines) is
-//! made durable by one frame here and one fdatasync, not by an SQLite commit: SQLite
+//! A commit whose changes are log rows, leases, settings and the counters
+//! (a put, a delete, a Txn, a lease grant or revoke, stored keep-alive
+//! deadlines, a Compact, a compaction step's removals) is made durable by
+//! one frame here and one fdatasync, not by an SQLite commit: SQLite
 //! logs whole pages, five or so of 2 KiB for one 1 KiB row, where this file
 //! takes the row's own bytes. The rows reach SQLite in batches (see
 //! `journal`), after which the log is cut: the file starts over in a new
@@ -26,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::backend::{LeaseRow, LogEntry};
+use crate::backend::{LeaseRow, LogEntry, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
 /// The page cache's page, and the file system's block: what an fdatasync
@@ -52,13 +53,18 @@ pub(super) const PREALLOCATED_BYTES: u64 = 64 << 20;
 /// (i64 each), deleted (u8), key and value lengths (u32 each).
 const ROW_FIXED_BYTES: usize = 8 * 4 + 1 + 4 + 4;
 
-/// One change a commit recorded: the log row or lease or setting it wrote.
+/// One change a commit recorded: the log row or lease or setting it wrote,
+/// a log row compaction removed, or the store's counters.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Change {
     Row(LogEntry),
     Lease(LeaseRow),
     LeaseRemoved(i64),
     Setting(String, i64),
+    /// The id of a log row compaction removed.
+    RowRemoved(i64),
+    /// The `meta` row: a Compact or a compaction step moved its counters.
+    Revisions(Revisions),
 }
 
 impl Change {
@@ -69,6 +75,8 @@ impl Change {
             Change::Lease(_) => 24,
             Change::LeaseRemoved(_) => 8,
             Change::Setting(name, _) => 12 + name.len(),
+            Change::RowRemoved(_) => 8,
+            Change::Revisions(_) => 24,
         }
     }
 }
@@ -78,6 +86,8 @@ const ROW: u8 = 0;
 const LEASE: u8 = 1;
 const LEASE_REMOVED: u8 = 2;
 const SETTING: u8 = 3;
+const ROW_REMOVED: u8 = 4;
+const REVISIONS: u8 = 5;
 
 /// The open record log.
 pub(super) struct RecordLog {
@@ -365,6 +375,20 @@ fn encode(changes: &[Change], out: &mut Vec<u8>) {
                 bytes(out, name.as_bytes());
                 out.extend_from_slice(&value.to_le_bytes());
             }
+            Change::RowRemoved(id) => {
+                out.push(ROW_REMOVED);
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+            Change::Revisions(revisions) => {
+                out.push(REVISIONS);
+                for int in [
+                    revisions.current,
+                    revisions.compact,
+                    revisions.compacted_through,
+                ] {
+                    out.extend_from_slice(&int.to_le_bytes());
+                }
+            }
         }
     }
 }
@@ -418,6 +442,12 @@ fn decode(mut payload: &[u8], changes: &mut Vec<Change>) -> anyhow::Result<()> {
                 let name = String::from_utf8(bytes(&mut payload)?)?;
                 Change::Setting(name, int(&mut payload)?)
             }
+            ROW_REMOVED => Change::RowRemoved(int(&mut payload)?),
+            REVISIONS => Change::Revisions(Revisions {
+                current: int(&mut payload)?,
+                compact: int(&mut payload)?,
+                compacted_through: int(&mut payload)?,
+            }),
             tag => anyhow::bail!("unknown change {tag}"),
         };
         changes.push(change);
@@ -464,6 +494,12 @@ pub(super) mod tests {
             }),
             Change::LeaseRemoved(8),
             Change::Setting("a_setting".into(), 3),
+            Change::RowRemoved(5 << 20),
+            Change::Revisions(Revisions {
+                current: 9,
+                compact: 4,
+                compacted_through: 3,
+            }),
         ];
         let second = vec![row(3, 0, "a", "three")];
         assert!(log.append(&first).unwrap());

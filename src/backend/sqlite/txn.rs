@@ -74,6 +74,9 @@ pub struct SqliteWrite {
     pub(super) undo: Vec<Undo>,
     /// Compaction's removals, applied to `index` at commit.
     pub(super) removals: Vec<Removal>,
+    /// The ids of the log rows compaction removed, deleted from SQLite at
+    /// the commit that takes them there, in id order (see `delete_rows`).
+    pub(super) removed_rows: Vec<i64>,
     /// The record log, if this write commits through it (see `journal`).
     pub(super) journal: Option<Arc<Journal>>,
     /// The changes made, for the record log; emptied once they pass
@@ -82,8 +85,12 @@ pub struct SqliteWrite {
     /// The bytes of `records`.
     pub(super) record_bytes: usize,
     /// True once the write changed what the record log does not hold
-    /// (compaction, auth, alarms, ...): it then commits directly to SQLite.
+    /// (auth, alarms, a restore, ...): it then commits directly to SQLite.
     pub(super) direct: bool,
+    /// True if this write is the step that finishes a compaction: its batch
+    /// is applied with it, so that the file shows the space freed when a
+    /// physical Compact answers, as etcd's does.
+    pub(super) finishes_compaction: bool,
 }
 
 impl Drop for SqliteWrite {
@@ -121,7 +128,7 @@ macro_rules! impl_read_txn {
                     query_revisions($get)?
                 };
                 if let Some(unapplied) = self.unapplied() {
-                    revisions.current = unapplied.current(revisions.current);
+                    revisions = unapplied.revisions(revisions);
                 }
                 self.note_meta(meta, revisions.current);
                 Ok(revisions)
@@ -313,12 +320,12 @@ impl SqliteWrite {
         Ok((index, revision))
     }
 
-    /// Removes log row `id` and notes the removal for the index.
-    fn remove_row(&mut self, id: i64) -> BackendResult<()> {
-        self.direct()
-            .prepare_cached("DELETE FROM log WHERE id = ?1")?
-            .execute([id])?;
-        Ok(())
+    /// Removes log row `id`; the caller notes the removal for the index.
+    /// The row stays in SQLite until the commit that takes the removal
+    /// there: nothing reads it meanwhile, as the index no longer has it.
+    fn remove_row(&mut self, id: i64) {
+        self.removed_rows.push(id);
+        self.record(Change::RowRemoved(id));
     }
 
     /// Applies `removal` to the index: to the replacement at once (nobody
@@ -379,15 +386,13 @@ impl WriteTxn for SqliteWrite {
         if self.meta_still_holds(&revisions) {
             return Ok(());
         }
-        self.direct()
-            .prepare_cached(
-                "UPDATE meta SET revision = ?1, compact_revision = ?2, compacted_through = ?3",
-            )?
-            .execute(params![
-                revisions.current,
-                revisions.compact,
-                revisions.compacted_through
-            ])?;
+        write_revisions(&self.conn, &revisions)?;
+        self.record(Change::Revisions(revisions));
+        self.finishes_compaction = revisions.compact > 0
+            && revisions.compacted_through >= revisions.compact
+            && self
+                .meta
+                .is_none_or(|meta| meta.compacted_through < revisions.compacted_through);
         self.note_meta(revisions, revisions.current);
         Ok(())
     }
@@ -397,7 +402,7 @@ impl WriteTxn for SqliteWrite {
         let (index, _) = self.view(ReadAt::Current)?;
         let earlier = read_index(&index).ids_before(&entry.kv.key, id);
         for earlier in earlier {
-            self.remove_row(earlier)?;
+            self.remove_row(earlier);
         }
         self.note_removal(Removal::Before {
             key: entry.kv.key.clone(),
@@ -408,7 +413,7 @@ impl WriteTxn for SqliteWrite {
 
     async fn remove_entry(&mut self, entry: &LogEntry) -> BackendResult<()> {
         let id = row_id(entry.kv.mod_revision, entry.sub);
-        self.remove_row(id)?;
+        self.remove_row(id);
         self.note_removal(Removal::Row {
             key: entry.kv.key.clone(),
             id,
@@ -454,6 +459,7 @@ impl WriteTxn for SqliteWrite {
         )?;
         self.replacement = Some(SharedIndex::default());
         self.removals.clear();
+        self.removed_rows.clear();
         self.meta = None;
         self.last_appended = 0;
         self.set_revisions(Revisions::EMPTY_STORE).await
@@ -488,6 +494,7 @@ impl WriteTxn for SqliteWrite {
     async fn commit(mut self) -> BackendResult<()> {
         match self.journal.clone() {
             None => {
+                delete_rows(&self.conn, std::mem::take(&mut self.removed_rows))?;
                 self.conn.execute_batch("COMMIT")?;
                 self.checkpointer
                     .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
@@ -504,8 +511,9 @@ impl WriteTxn for SqliteWrite {
                         self.last_appended,
                     )?;
                 if !recorded {
+                    delete_rows(&self.conn, std::mem::take(&mut self.removed_rows))?;
                     journal.commit_direct(&self.conn, &self.checkpointer)?;
-                } else if journal.apply_due() {
+                } else if journal.apply_due() || self.finishes_compaction {
                     journal.apply(&self.conn, &self.checkpointer);
                 }
             }
@@ -520,6 +528,36 @@ impl WriteTxn for SqliteWrite {
         }
         Ok(())
     }
+}
+
+/// Removes the log rows `ids`, in id order. SQLite writes every page a
+/// commit changed, freed ones included, but not a page a B-tree rebalance
+/// frees before anything changed it; deleting in id order leaves about half
+/// of the emptied pages so (BENCHMARKS.md, issue 28).
+pub(super) fn delete_rows(
+    conn: &Connection,
+    ids: impl IntoIterator<Item = i64>,
+) -> rusqlite::Result<()> {
+    let mut ids: Vec<i64> = ids.into_iter().collect();
+    ids.sort_unstable();
+    let mut delete = conn.prepare_cached("DELETE FROM log WHERE id = ?1")?;
+    for id in ids {
+        delete.execute([id])?;
+    }
+    Ok(())
+}
+
+/// Writes the `meta` row.
+pub(super) fn write_revisions(conn: &Connection, revisions: &Revisions) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE meta SET revision = ?1, compact_revision = ?2, compacted_through = ?3",
+    )?
+    .execute(params![
+        revisions.current,
+        revisions.compact,
+        revisions.compacted_through
+    ])?;
+    Ok(())
 }
 
 /// Appends `entry` to the log table.
