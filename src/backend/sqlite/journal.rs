@@ -57,11 +57,13 @@ pub(super) const APPLY_INTERVAL: Duration = Duration::from_secs(1);
 /// the unapplied changes take and keeps the record log far from full.
 pub(super) const APPLY_BYTES: usize = 16 << 20;
 
-/// Rows compaction removed at which a batch is applied however young:
-/// deleting them at its commit holds the writer about 50 ms (their deletes
-/// go in id order within a batch, so larger batches write fewer pages, but
-/// a write waiting behind the commit waits for all of them).
-pub(super) const APPLY_REMOVALS: usize = 16_384;
+/// Rows compaction removed at which a batch is applied however young: a
+/// write that waits behind the batch's commit waits for their deletes and
+/// the pages they free. Measured on a compaction of 118k rows of 1 KiB
+/// (BENCHMARKS.md, issue 28): 4,096 kept the longest put beside it to 45 ms
+/// and wrote 272 MB; 16,384 wrote 222 MB with puts of up to 200 ms; no cap
+/// 157 MB.
+pub(super) const APPLY_REMOVALS: usize = 4_096;
 
 /// The setting that holds the record log generation whose changes the
 /// database holds (see above).
