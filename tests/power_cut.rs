@@ -3,7 +3,8 @@
 //! unseen. Here cetera runs on a FUSE file system ([`fs::PowerCutFs`]) that
 //! drops every write not yet synced when the power is cut; under load the
 //! power is cut at random moments, cetera starts again on what survived, and
-//! every acknowledged write, revision and lease grant must still be there.
+//! every acknowledged write, revision, lease grant and compaction must still
+//! be there.
 //!
 //! Needs /dev/fuse and root (to mount without fusermount): skipped with a
 //! warning elsewhere, an error under CI=true.
@@ -20,7 +21,9 @@ use std::time::Duration;
 
 use common::datastore::{TestBackend, test_backend};
 use common::{Cetera, cluster_mode, in_ci};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, CompactionOptions, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp,
+};
 use fs::{Mounted, PowerCutFs};
 use rand::Rng;
 
@@ -170,13 +173,48 @@ struct Acknowledged {
     writes: Vec<(String, String, i64)>,
     /// Lease id, granted TTL, and the key put with it (if acknowledged).
     leases: Vec<(i64, i64, Option<String>)>,
+    /// Keys written again and again: the last acknowledged value and
+    /// revision of each (a later write may have reached the disk too).
+    overwritten: HashMap<String, (String, i64)>,
+    /// The highest acknowledged physical compaction.
+    compacted: i64,
 }
 
-/// Load for one run of the server until it dies: puts, two-key Txns, and
-/// lease grants with a key each and keep-alives. Returns when every task saw
-/// the server go.
+/// Load for one run of the server until it dies: puts, two-key Txns, lease
+/// grants with a key each and keep-alives, and puts over a few keys with a
+/// physical compaction every 50 of them. Returns when every task saw the
+/// server go.
 async fn load(endpoint: String, round: usize, acked: Arc<Mutex<Acknowledged>>) {
     let mut tasks = Vec::new();
+    {
+        let (endpoint, acked) = (endpoint.clone(), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let Ok(mut client) = Client::connect([endpoint], None).await else {
+                return;
+            };
+            for i in 0.. {
+                let key = format!("/overwritten/r{round}/{:02}", i % 20);
+                let value = format!("{key}:{i}");
+                let Ok(resp) = client.put(key.clone(), value.clone(), None).await else {
+                    return;
+                };
+                let revision = resp.header().unwrap().revision();
+                acked
+                    .lock()
+                    .unwrap()
+                    .overwritten
+                    .insert(key, (value, revision));
+                if i % 50 == 49 {
+                    let physical = CompactionOptions::new().with_physical();
+                    if client.compact(revision, Some(physical)).await.is_err() {
+                        return;
+                    }
+                    let mut acked = acked.lock().unwrap();
+                    acked.compacted = acked.compacted.max(revision);
+                }
+            }
+        }));
+    }
     for w in 0..6 {
         let (endpoint, acked) = (endpoint.clone(), acked.clone());
         tasks.push(tokio::spawn(async move {
@@ -291,6 +329,26 @@ async fn check(endpoint: String, acked: &Acknowledged, round: usize) {
             "after cut {round}: acknowledged write {key} at revision {revision} lost"
         );
     }
+    for (key, (value, revision)) in &acked.overwritten {
+        let Some(&(found, found_revision, _)) = stored.get(key.as_bytes()) else {
+            panic!("after cut {round}: {key}, acknowledged at revision {revision}, is gone");
+        };
+        assert!(
+            found_revision > *revision
+                || (found_revision == *revision && found == value.as_bytes()),
+            "after cut {round}: {key} lost its acknowledged write at revision {revision}"
+        );
+    }
+    if acked.compacted > 1 {
+        let below = GetOptions::new().with_revision(acked.compacted - 1);
+        let refused = client.get("/", Some(below)).await;
+        assert!(
+            matches!(&refused, Err(etcd_client::Error::GRpcStatus(status))
+                if status.message().contains("compacted")),
+            "after cut {round}: the acknowledged compaction at {} is undone: {refused:?}",
+            acked.compacted
+        );
+    }
     for (id, ttl, key) in &acked.leases {
         let live = client.lease_time_to_live(*id, None).await.unwrap();
         assert!(
@@ -308,7 +366,7 @@ async fn check(endpoint: String, acked: &Acknowledged, round: usize) {
 /// The power is cut several times at random moments under load; after each
 /// cut cetera starts on what the disk kept and must have every acknowledged
 /// put and Txn (value and revision), a revision no lower than any
-/// acknowledged, and every acknowledged lease grant.
+/// acknowledged, every acknowledged lease grant and compaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_power_cuts() {
     if cluster_mode() || !matches!(test_backend(), TestBackend::Sqlite) {
@@ -339,10 +397,11 @@ async fn acknowledged_writes_survive_power_cuts() {
         mounted = fs.mount(&dir).expect("mount again after the power cut");
         let so_far = std::mem::take(&mut *acked.lock().unwrap());
         eprintln!(
-            "cut {round} after {delay} ms: {} writes and {} leases acknowledged so far, \
-             {} fsyncs so far, {dropped} unsynced pages and entries dropped",
+            "cut {round} after {delay} ms: {} writes, {} leases and compaction to {} \
+             acknowledged so far, {} fsyncs so far, {dropped} unsynced pages and entries dropped",
             so_far.writes.len(),
             so_far.leases.len(),
+            so_far.compacted,
             fs.syncs()
         );
         server.restart().await;

@@ -133,6 +133,13 @@ impl Pending {
         }
         Ok(())
     }
+
+    /// Deletes the removed rows on `conn`, in its open transaction: done
+    /// once, by the commit that takes the batch to SQLite, so that the
+    /// deletes of many compaction steps go in id order (see `delete_rows`).
+    fn delete_removed(&self, conn: &Connection) -> rusqlite::Result<()> {
+        delete_rows(conn, self.removed.iter().copied())
+    }
 }
 
 /// The record log, the unapplied changes and the batch's age.
@@ -173,15 +180,6 @@ pub(crate) struct UnappliedView {
     revision: i64,
 }
 
-impl Pending {
-    /// Deletes the removed rows on `conn`, in its open transaction: done
-    /// once, by the commit that takes the batch to SQLite, so that the
-    /// deletes of many compaction steps go in id order (see `delete_rows`).
-    fn delete_removed(&self, conn: &Connection) -> rusqlite::Result<()> {
-        delete_rows(conn, self.removed.iter().copied())
-    }
-}
-
 impl Journal {
     /// Opens the record log of the database at `path` and applies what it
     /// holds that the database does not (the commits of a batch the process
@@ -204,6 +202,7 @@ impl Journal {
             conn.execute_batch("COMMIT")?;
             tracing::info!(
                 rows = pending.rows.len(),
+                removed_rows = pending.removed.len(),
                 leases = pending.leases.len(),
                 "applied the record log's commits the database did not hold yet"
             );
