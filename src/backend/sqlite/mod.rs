@@ -587,6 +587,12 @@ pub(crate) mod tests {
             .apply(&conn, &backend.checkpointer);
     }
 
+    /// Rolls the open batch back, as a failed commit of it leaves SQLite.
+    async fn lose_the_batch(backend: &Sqlite) {
+        let conn = backend.writer.lock().await;
+        conn.execute_batch("ROLLBACK").unwrap();
+    }
+
     /// A put is acknowledged once it is in the record log: readers see it at
     /// once, the database file only after its batch is applied (by the
     /// applier thread, the writer being idle).
@@ -747,12 +753,7 @@ pub(crate) mod tests {
         let path = dir.path().join("state.db");
         let backend = Sqlite::open(&path).unwrap();
         put(&backend, 2, "a", b"one").await;
-        backend
-            .writer
-            .lock()
-            .await
-            .execute_batch("ROLLBACK")
-            .unwrap();
+        lose_the_batch(&backend).await;
         put(&backend, 3, "b", b"two").await;
         apply_now(&backend).await;
         assert_eq!(rows_in_file(&path), 2);
@@ -795,12 +796,7 @@ pub(crate) mod tests {
         let mut reader = backend.read().await.unwrap();
         assert_eq!(reader.revisions().await.unwrap(), halfway);
         drop(reader);
-        backend
-            .writer
-            .lock()
-            .await
-            .execute_batch("ROLLBACK")
-            .unwrap();
+        lose_the_batch(&backend).await;
         put(&backend, 5, "b", b"fou").await;
         apply_now(&backend).await;
         assert_eq!(rows_in_file(&path), 3, "a@2 removed, b@5 added");
