@@ -16,7 +16,8 @@
 # Usage: scripts/bench-instances.sh [--backend postgres|mysql] [--counts 1,2,4]
 #                                   [--duration 10s] [--clients 64] [--out DIR]
 # Env: BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
-#      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306).
+#      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306), CETERA_BIN (the
+#      cetera binary; default: this checkout's release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -65,7 +66,7 @@ esac
 
 log "building release binaries"
 cargo build --release --quiet -p cetera -p cetera-bench
-CETERA=$ROOT/target/release/cetera
+CETERA=${CETERA_BIN:-$ROOT/target/release/cetera}
 BENCH=$ROOT/target/release/cetera-bench
 
 PIDS=()

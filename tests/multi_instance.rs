@@ -462,6 +462,17 @@ async fn previous_values_agree_on_both_instances() {
     let watch_a = tokio::spawn(watch_with_prev(a.endpoint(), start));
     let watch_b = tokio::spawn(watch_with_prev(b.endpoint(), start));
 
+    write_both_ways(&mut on_a, &mut on_b).await;
+
+    let seen_a = watch_a.await.unwrap();
+    let seen_b = watch_b.await.unwrap();
+    assert_eq!(seen_a, seen_b, "watchers on A and B disagree");
+    assert_eq!(summary(&seen_b), expected_summary());
+}
+
+/// Writes under `/p/` through A and through B in turn, ending with `/p/end`;
+/// `/p/k1`..`/p/k3` hold "v0" before.
+async fn write_both_ways(on_a: &mut Client, on_b: &mut Client) {
     on_b.put("/p/k1", "v1", None).await.unwrap();
     on_a.put("/p/k1", "v2", None).await.unwrap();
     on_b.delete("/p/k2", None).await.unwrap();
@@ -475,33 +486,61 @@ async fn previous_values_agree_on_both_instances() {
     on_a.delete("/p/k", Some(prefix)).await.unwrap();
     on_b.put("/p/k1", "last", None).await.unwrap();
     on_a.put("/p/end", "0", None).await.unwrap();
+}
 
-    let seen_a = watch_a.await.unwrap();
-    let seen_b = watch_b.await.unwrap();
-    assert_eq!(seen_a, seen_b, "watchers on A and B disagree");
+/// What each event of `write_both_ways` is, with its previous value.
+fn summary(seen: &[SeenEvent]) -> Vec<(i32, String, Option<String>)> {
+    seen.iter()
+        .map(|e| (e.0, e.1.clone(), e.4.as_ref().map(|p| p.0.clone())))
+        .collect()
+}
+
+/// The summary of `write_both_ways`'s events.
+fn expected_summary() -> Vec<(i32, String, Option<String>)> {
     let put = EventType::Put as i32;
     let delete = EventType::Delete as i32;
-    let prev = |event: &SeenEvent| event.4.as_ref().map(|p| p.0.clone());
-    let summary: Vec<(i32, &str, Option<String>)> = seen_b
-        .iter()
-        .map(|e| (e.0, e.1.as_str(), prev(e)))
-        .collect();
     let v = |s: &str| Some(s.to_string());
-    assert_eq!(
-        summary,
-        vec![
-            (put, "/p/k1", v("v0")),
-            (put, "/p/k1", v("v1")),
-            (delete, "/p/k2", v("v0")),
-            (put, "/p/k2", None),
-            (put, "/p/k3", v("v0")),
-            (put, "/p/k4", None),
-            (delete, "/p/k1", v("v2")),
-            (delete, "/p/k2", v("again")),
-            (delete, "/p/k3", v("v1")),
-            (delete, "/p/k4", v("new")),
-            (put, "/p/k1", None),
-            (put, "/p/end", None),
-        ]
-    );
+    [
+        (put, "/p/k1", v("v0")),
+        (put, "/p/k1", v("v1")),
+        (delete, "/p/k2", v("v0")),
+        (put, "/p/k2", None),
+        (put, "/p/k3", v("v0")),
+        (put, "/p/k4", None),
+        (delete, "/p/k1", v("v2")),
+        (delete, "/p/k2", v("again")),
+        (delete, "/p/k3", v("v1")),
+        (delete, "/p/k4", v("new")),
+        (put, "/p/k1", None),
+        (put, "/p/end", None),
+    ]
+    .into_iter()
+    .map(|(kind, key, prev)| (kind, key.to_string(), prev))
+    .collect()
+}
+
+/// An instance that no one watches does not read other instances' writes
+/// back (it only marks them seen); a watcher that comes later for those
+/// revisions reads them from the log, previous values and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_watcher_gets_what_an_unwatched_instance_skipped() {
+    if !shared_backend() {
+        return;
+    }
+    let a = Cetera::start().await;
+    let b = Cetera::start_on(a.datastore_endpoint()).await;
+    let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
+    let mut on_b = Client::connect([b.endpoint()], None).await.unwrap();
+    for key in ["/p/k1", "/p/k2", "/p/k3"] {
+        on_a.put(key, "v0", None).await.unwrap();
+    }
+    let start = current_revision(&mut on_a).await + 1;
+    write_both_ways(&mut on_a, &mut on_b).await;
+    // B's own writes after A's went into its window; A's did not.
+    on_b.put("/q/after", "x", None).await.unwrap();
+
+    let seen_a = watch_with_prev(a.endpoint(), start).await;
+    let seen_b = watch_with_prev(b.endpoint(), start).await;
+    assert_eq!(seen_a, seen_b, "watchers on A and B disagree");
+    assert_eq!(summary(&seen_b), expected_summary());
 }

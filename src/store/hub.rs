@@ -97,6 +97,28 @@ impl WatchHub {
         self.latest.send_replace(through);
     }
 
+    /// Whether anything follows the hub (a watch stream, a revision feed):
+    /// with no one to tell, other instances' revisions need not be read.
+    pub fn is_followed(&self) -> bool {
+        self.latest.receiver_count() > 0
+    }
+
+    /// Declares everything through `through` seen without its events: the
+    /// window starts over after it, and whoever wants those revisions later
+    /// reads them from the log.
+    pub fn skip(&self, through: i64) {
+        if through <= self.latest() {
+            return;
+        }
+        {
+            let mut window = self.window.write().expect("watch window poisoned");
+            window.revisions.clear();
+            window.bytes = 0;
+            window.covers_from = through + 1;
+        }
+        self.latest.send_replace(through);
+    }
+
     /// The oldest revision the window answers for: `since(after, ..)` needs
     /// `after + 1 >= covers_from()`.
     pub fn covers_from(&self) -> i64 {
@@ -166,6 +188,25 @@ mod tests {
             .collect();
         assert_eq!(revs, vec![5]);
         assert!(hub.since(6, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn skipped_revisions_are_seen_but_not_served() {
+        let hub = WatchHub::new(1);
+        hub.publish(vec![revision(2)], 2);
+        assert!(!hub.is_followed());
+        let follower = hub.subscribe();
+        assert!(hub.is_followed());
+        hub.skip(5);
+        assert_eq!(*follower.borrow(), 5, "followers wake up");
+        assert_eq!(hub.latest(), 5);
+        assert_eq!(hub.since(1, 10), None, "revision 2 is gone with the window");
+        assert_eq!(hub.since(4, 10), None, "revision 5 was never in memory");
+        assert_eq!(hub.since(5, 10), Some(vec![]));
+        hub.publish(vec![revision(6)], 6);
+        assert_eq!(hub.since(5, 10).unwrap().len(), 1);
+        hub.skip(6);
+        assert_eq!(hub.since(5, 10).unwrap().len(), 1, "nothing new to skip");
     }
 
     #[test]

@@ -106,7 +106,14 @@ impl<B: Backend> Publisher<B> {
     }
 
     /// Publishes the log's revisions after the hub's latest, through `through`.
+    /// Unless nothing follows the hub: then they are only marked seen, so
+    /// that an instance no one watches does not read every other
+    /// instance's writes back.
     async fn fill(&self, through: i64) -> anyhow::Result<()> {
+        if !self.hub.is_followed() {
+            self.hub.skip(through);
+            return Ok(());
+        }
         while self.hub.latest() < through {
             let after = self.hub.latest();
             let step = through.min(after + FILL_STEP);
