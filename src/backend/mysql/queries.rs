@@ -155,6 +155,11 @@ pub(super) async fn query_current_range(
     conn: &mut Conn,
     query: CurrentRangeQuery<'_>,
 ) -> mysql_async::Result<CurrentRange> {
+    if query.rows
+        && let Some(key) = query.range.as_single()
+    {
+        return query_current_key(conn, key, query).await;
+    }
     let range = query.range;
     let end = if range.end.is_some() {
         " AND `key` < ?"
@@ -207,6 +212,40 @@ pub(super) async fn query_current_range(
             revisions: revisions_from_row(counters)?,
             kvs,
             count: count.filter(|_| query.count),
+        })
+    };
+    decode().map_err(|error| mysql_async::Error::Other(error.into()))
+}
+
+/// `query_current_range` for one key: the counters' row joined with the
+/// key's, so one row whether the key exists or not. MariaDB reads both by
+/// primary key before it plans the rest, and the statement costs it about
+/// half the UNION ALL's server CPU (BENCHMARKS.md, issue 30).
+async fn query_current_key(
+    conn: &mut Conn,
+    key: &[u8],
+    query: CurrentRangeQuery<'_>,
+) -> mysql_async::Result<CurrentRange> {
+    let value = if query.keys_only { "X''" } else { "kv.value" };
+    let sql = format!(
+        "SELECT m.revision, m.compact_revision, m.compacted_through, \
+           kv.`key`, {value}, kv.create_revision, kv.mod_revision, kv.version, kv.lease \
+         FROM meta m LEFT JOIN kv ON kv.`key` = ? WHERE m.id = 1"
+    );
+    let row: Option<Row> = conn.exec_first(sql.as_str(), (key,)).await?;
+    let decode = || -> anyhow::Result<CurrentRange> {
+        let row = row.context("the meta table has no row")?;
+        let mut kvs = Vec::new();
+        if row.column::<Option<Vec<u8>>>(3)?.is_some() {
+            kvs.push(kv_from_row(&ColumnsFrom {
+                row: &row,
+                first: 3,
+            })?);
+        }
+        Ok(CurrentRange {
+            revisions: revisions_from_row(&row)?,
+            count: query.count.then_some(kvs.len() as i64),
+            kvs,
         })
     };
     decode().map_err(|error| mysql_async::Error::Other(error.into()))
