@@ -443,6 +443,27 @@ async fn watch_with_prev(endpoint: String, start: i64) -> Vec<SeenEvent> {
     .await
 }
 
+/// Two instances on one database, `/p/k1`..`/p/k3` written as "v0".
+struct TwoInstances {
+    a: Cetera,
+    b: Cetera,
+}
+
+impl TwoInstances {
+    /// The instances, a client of each, and the revision after the keys.
+    async fn with_three_keys() -> (TwoInstances, Client, Client, i64) {
+        let a = Cetera::start().await;
+        let b = Cetera::start_on(a.datastore_endpoint()).await;
+        let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
+        let on_b = Client::connect([b.endpoint()], None).await.unwrap();
+        for key in ["/p/k1", "/p/k2", "/p/k3"] {
+            on_a.put(key, "v0", None).await.unwrap();
+        }
+        let start = current_revision(&mut on_a).await + 1;
+        (TwoInstances { a, b }, on_a, on_b, start)
+    }
+}
+
 /// A watcher's previous values are the same whether the writes came through
 /// its own instance (published by its writer) or through another one (read
 /// back from the log, the previous states of a batch of revisions at once).
@@ -451,14 +472,8 @@ async fn previous_values_agree_on_both_instances() {
     if !shared_backend() {
         return;
     }
-    let a = Cetera::start().await;
-    let b = Cetera::start_on(a.datastore_endpoint()).await;
-    let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
-    let mut on_b = Client::connect([b.endpoint()], None).await.unwrap();
-    for key in ["/p/k1", "/p/k2", "/p/k3"] {
-        on_a.put(key, "v0", None).await.unwrap();
-    }
-    let start = current_revision(&mut on_a).await + 1;
+    let (pair, mut on_a, mut on_b, start) = TwoInstances::with_three_keys().await;
+    let (a, b) = (&pair.a, &pair.b);
     let watch_a = tokio::spawn(watch_with_prev(a.endpoint(), start));
     let watch_b = tokio::spawn(watch_with_prev(b.endpoint(), start));
 
@@ -527,14 +542,8 @@ async fn a_later_watcher_gets_what_an_unwatched_instance_skipped() {
     if !shared_backend() {
         return;
     }
-    let a = Cetera::start().await;
-    let b = Cetera::start_on(a.datastore_endpoint()).await;
-    let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
-    let mut on_b = Client::connect([b.endpoint()], None).await.unwrap();
-    for key in ["/p/k1", "/p/k2", "/p/k3"] {
-        on_a.put(key, "v0", None).await.unwrap();
-    }
-    let start = current_revision(&mut on_a).await + 1;
+    let (pair, mut on_a, mut on_b, start) = TwoInstances::with_three_keys().await;
+    let (a, b) = (&pair.a, &pair.b);
     write_both_ways(&mut on_a, &mut on_b).await;
     // B's own writes after A's went into its window; A's did not.
     on_b.put("/q/after", "x", None).await.unwrap();
