@@ -531,6 +531,75 @@ pub async fn queued_writes_commit_together_in_order<B: Backend>(t: TestStore<B>)
     assert_eq!(revisions, (2..52).collect::<Vec<_>>());
 }
 
+/// Conformance test `a_key_written_again_in_one_transaction_keeps_the_last`.
+pub async fn a_key_written_again_in_one_transaction_keeps_the_last<B: Backend>(t: TestStore<B>) {
+    use crate::backend::{KeyRange, LogEntry, ReadAt, Revisions, WriteTxn};
+    use crate::proto::mvccpb::KeyValue;
+    let entry = |key: &str, revision: i64, sub: i64, value: Option<&str>| LogEntry {
+        kv: KeyValue {
+            key: key.into(),
+            value: value.unwrap_or_default().into(),
+            create_revision: if value.is_some() { 2 } else { 0 },
+            mod_revision: revision,
+            version: if value.is_some() { revision - 1 } else { 0 },
+            lease: 0,
+        },
+        sub,
+        deleted: value.is_none(),
+    };
+    let backend = t.store.backend();
+    let mut txn = backend.write().await.unwrap();
+    // As a batch of requests writes them: puts, deletes and puts again of
+    // the same keys, then the counters.
+    for written in [
+        entry("a", 2, 0, Some("a2")),
+        entry("b", 2, 1, Some("b2")),
+        entry("c", 2, 2, Some("c2")),
+        entry("a", 3, 0, None),
+        entry("c", 3, 1, None),
+        entry("b", 4, 0, Some("b4")),
+        entry("a", 5, 0, Some("a5")),
+        entry("b", 5, 1, None),
+        entry("b", 6, 0, Some("b6")),
+    ] {
+        txn.append(&written).await.unwrap();
+    }
+    txn.set_revisions(Revisions {
+        current: 6,
+        compact: -1,
+        compacted_through: 0,
+    })
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+
+    let mut read = backend.read().await.unwrap();
+    let all = KeyRange {
+        start: b"a".to_vec(),
+        end: Some(b"d".to_vec()),
+    };
+    let live: Vec<(Vec<u8>, Vec<u8>, i64)> = read
+        .range(&all, ReadAt::Current, 0, false)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|kv| (kv.key, kv.value, kv.mod_revision))
+        .collect();
+    assert_eq!(
+        live,
+        vec![
+            (b"a".to_vec(), b"a5".to_vec(), 5),
+            (b"b".to_vec(), b"b6".to_vec(), 6)
+        ]
+    );
+    let at_four = read
+        .range(&all, ReadAt::Revision(4), 0, false)
+        .await
+        .unwrap();
+    let at_four: Vec<&[u8]> = at_four.iter().map(|kv| kv.value.as_slice()).collect();
+    assert_eq!(at_four, vec![&b"b4"[..]], "the log keeps every row");
+}
+
 /// Conformance test `leases_attach_renew_and_revoke`.
 pub async fn leases_attach_renew_and_revoke<B: Backend>(t: TestStore<B>) {
     let grant = |id, ttl| LeaseGrantRequest { id, ttl };
@@ -1007,6 +1076,13 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn queued_writes_commit_together_in_order() {
             crate::store::conformance::queued_writes_commit_together_in_order(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn a_key_written_again_in_one_transaction_keeps_the_last() {
+            crate::store::conformance::a_key_written_again_in_one_transaction_keeps_the_last(
                 crate::store::conformance::TestStore::open($database().await).await,
             )
             .await

@@ -370,11 +370,18 @@ fn member_ip(i: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, i as u8 + 2))
 }
 
+/// A port on `ip` that nothing holds now, from below the kernel's
+/// ephemeral range (32768 on): the member binds it later, and a port the
+/// kernel hands out (for `bind(0)`, for an outgoing connection) can be taken
+/// by another test's socket meanwhile, while a member's peer address cannot
+/// move once announced.
 fn free_port_on(ip: IpAddr) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("bind {ip}:0: {e}"))
+    loop {
+        let port = rand::random_range(20_000..32_768);
+        if std::net::TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Maintenance Status of the server at `endpoint`, if it answers within 1 s.

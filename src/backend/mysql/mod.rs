@@ -17,12 +17,14 @@
 //!
 //! The code is split by concern: `endpoint` and `dsn` parse endpoints, `tls`
 //! builds the TLS options, `connect` reaches the server (retries at startup,
-//! migrations), `txn` holds the transactions and their writes, and `queries`
-//! the statements they read with.
+//! migrations), `txn` holds the transactions and their writes, `key_writes`
+//! gathers a transaction's key writes into multi-row statements, and
+//! `queries` the statements they read with.
 
 mod connect;
 mod dsn;
 mod endpoint;
+mod key_writes;
 mod queries;
 mod range_stream;
 mod tls;

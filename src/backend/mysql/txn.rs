@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 
+use super::key_writes::KeyWrites;
 use super::queries::{
     bytes_literal, execute, query_alarms, query_auth_records, query_count, query_current_range,
     query_expired_leases, query_keys_at, query_lease, query_lease_keys, query_leases, query_log,
@@ -175,6 +176,9 @@ pub struct MysqlWrite {
     keys: HashMap<Vec<u8>, Option<KeyValue>>,
     /// Leases read ahead or written in this transaction.
     leases: HashMap<i64, Option<LeaseRow>>,
+    /// Key writes not sent yet; they go out ahead of `deferred`'s next
+    /// statement, few statements for many keys.
+    key_writes: KeyWrites,
     /// Deferred writes, as SQL text with their values written out.
     deferred: Vec<String>,
     /// Their length in bytes.
@@ -201,6 +205,7 @@ impl MysqlWrite {
             alarms: None,
             keys: HashMap::new(),
             leases: HashMap::new(),
+            key_writes: KeyWrites::default(),
             deferred: Vec::new(),
             deferred_bytes: 0,
         }
@@ -209,6 +214,7 @@ impl MysqlWrite {
     /// Begins, locks the counters and reads the alarms (and `ahead`), in
     /// one round trip with the deferred writes, unless done already.
     async fn lock(&mut self, ahead: Option<&ReadAhead>) -> BackendResult<()> {
+        self.send_key_writes_next();
         let mut statements = std::mem::take(&mut self.deferred);
         self.deferred_bytes = 0;
         let writes = statements.len();
@@ -278,9 +284,17 @@ impl MysqlWrite {
         Ok(())
     }
 
+    /// Turns the key writes gathered so far into deferred statements.
+    fn send_key_writes_next(&mut self) {
+        for sql in self.key_writes.take() {
+            self.deferred_bytes += sql.len();
+            self.deferred.push(sql);
+        }
+    }
+
     /// The connection, with the counters locked and the deferred writes sent.
     async fn ready(&mut self) -> BackendResult<&mut Conn> {
-        if self.revisions.is_none() || !self.deferred.is_empty() {
+        if self.revisions.is_none() || !self.deferred.is_empty() || self.key_writes.bytes() > 0 {
             self.lock(None).await?;
         }
         Ok(self.session.conn())
@@ -291,6 +305,7 @@ impl MysqlWrite {
         if self.revisions.is_none() {
             self.lock(None).await?;
         }
+        self.send_key_writes_next();
         self.deferred_bytes += sql.len();
         self.deferred.push(sql);
         if self.deferred_bytes > DEFERRED_BYTES {
@@ -512,9 +527,11 @@ impl WriteTxn for MysqlWrite {
                 kv.key.len()
             );
         }
-        let key = bytes_literal(&kv.key);
+        if self.revisions.is_none() {
+            self.lock(None).await?;
+        }
         if kv.value.len() > LARGE_VALUE_BYTES {
-            // A round trip of its own, after the deferred writes: as hex
+            // A round trip of its own, after the writes before it: as hex
             // text the value would take twice its size, and mysql_async
             // keeps the buffers of large queries in its pool.
             let conn = self.ready().await?;
@@ -535,35 +552,22 @@ impl WriteTxn for MysqlWrite {
             )
             .await?;
         } else {
-            self.defer(format!(
-                "INSERT INTO log (revision, sub, `key`, value, create_revision, version, lease, \
-                 deleted) VALUES ({}, {}, {key}, {}, {}, {}, {}, {})",
+            self.key_writes.log_row(format!(
+                "({}, {}, {}, {}, {}, {}, {}, {})",
                 kv.mod_revision,
                 entry.sub,
+                bytes_literal(&kv.key),
                 bytes_literal(&kv.value),
                 kv.create_revision,
                 kv.version,
                 kv.lease,
                 i64::from(entry.deleted),
-            ))
-            .await?;
+            ));
         }
-        if entry.deleted {
-            self.defer(format!("DELETE FROM kv WHERE `key` = {key}"))
-                .await?;
-        } else {
-            // The value is copied from the log row rather than sent twice.
-            // VALUES() rather than MySQL 8's row alias, which MariaDB lacks.
-            self.defer(format!(
-                "INSERT INTO kv (`key`, value, create_revision, mod_revision, version, lease) \
-                 SELECT `key`, value, create_revision, revision, version, lease FROM log \
-                 WHERE revision = {} AND sub = {} \
-                 ON DUPLICATE KEY UPDATE value = VALUES(value), \
-                 create_revision = VALUES(create_revision), mod_revision = VALUES(mod_revision), \
-                 version = VALUES(version), lease = VALUES(lease)",
-                kv.mod_revision, entry.sub,
-            ))
-            .await?;
+        let row = (!entry.deleted).then_some((kv.mod_revision, entry.sub));
+        self.key_writes.key(&kv.key, row);
+        if self.deferred_bytes + self.key_writes.bytes() > DEFERRED_BYTES {
+            self.lock(None).await?;
         }
         let live = (!entry.deleted).then(|| kv.clone());
         self.keys.insert(kv.key.clone(), live);
@@ -691,6 +695,7 @@ impl WriteTxn for MysqlWrite {
         if self.session.begin.is_some() {
             return Ok(()); // Nothing was sent: nothing to commit.
         }
+        self.send_key_writes_next();
         if self.deferred.is_empty() {
             return self.session.end("COMMIT").await;
         }
