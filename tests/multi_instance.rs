@@ -443,15 +443,19 @@ async fn watch_with_prev(endpoint: String, start: i64) -> Vec<SeenEvent> {
     .await
 }
 
-/// Two instances on one database, `/p/k1`..`/p/k3` written as "v0".
+/// Two instances on one database, a client of each, and `/p/k1`..`/p/k3`
+/// written as "v0".
 struct TwoInstances {
     a: Cetera,
     b: Cetera,
+    on_a: Client,
+    on_b: Client,
+    /// The revision after the keys.
+    start: i64,
 }
 
 impl TwoInstances {
-    /// The instances, a client of each, and the revision after the keys.
-    async fn with_three_keys() -> (TwoInstances, Client, Client, i64) {
+    async fn with_three_keys() -> TwoInstances {
         let a = Cetera::start().await;
         let b = Cetera::start_on(a.datastore_endpoint()).await;
         let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
@@ -460,7 +464,13 @@ impl TwoInstances {
             on_a.put(key, "v0", None).await.unwrap();
         }
         let start = current_revision(&mut on_a).await + 1;
-        (TwoInstances { a, b }, on_a, on_b, start)
+        TwoInstances {
+            a,
+            b,
+            on_a,
+            on_b,
+            start,
+        }
     }
 }
 
@@ -472,12 +482,11 @@ async fn previous_values_agree_on_both_instances() {
     if !shared_backend() {
         return;
     }
-    let (pair, mut on_a, mut on_b, start) = TwoInstances::with_three_keys().await;
-    let (a, b) = (&pair.a, &pair.b);
-    let watch_a = tokio::spawn(watch_with_prev(a.endpoint(), start));
-    let watch_b = tokio::spawn(watch_with_prev(b.endpoint(), start));
+    let mut t = TwoInstances::with_three_keys().await;
+    let watch_a = tokio::spawn(watch_with_prev(t.a.endpoint(), t.start));
+    let watch_b = tokio::spawn(watch_with_prev(t.b.endpoint(), t.start));
 
-    write_both_ways(&mut on_a, &mut on_b).await;
+    write_both_ways(&mut t.on_a, &mut t.on_b).await;
 
     let seen_a = watch_a.await.unwrap();
     let seen_b = watch_b.await.unwrap();
@@ -542,14 +551,13 @@ async fn a_later_watcher_gets_what_an_unwatched_instance_skipped() {
     if !shared_backend() {
         return;
     }
-    let (pair, mut on_a, mut on_b, start) = TwoInstances::with_three_keys().await;
-    let (a, b) = (&pair.a, &pair.b);
-    write_both_ways(&mut on_a, &mut on_b).await;
+    let mut t = TwoInstances::with_three_keys().await;
+    write_both_ways(&mut t.on_a, &mut t.on_b).await;
     // B's own writes after A's went into its window; A's did not.
-    on_b.put("/q/after", "x", None).await.unwrap();
+    t.on_b.put("/q/after", "x", None).await.unwrap();
 
-    let seen_a = watch_with_prev(a.endpoint(), start).await;
-    let seen_b = watch_with_prev(b.endpoint(), start).await;
+    let seen_a = watch_with_prev(t.a.endpoint(), t.start).await;
+    let seen_b = watch_with_prev(t.b.endpoint(), t.start).await;
     assert_eq!(seen_a, seen_b, "watchers on A and B disagree");
     assert_eq!(summary(&seen_b), expected_summary());
 }

@@ -19,7 +19,7 @@ pub(super) struct KeyWrites {
     /// Each key's state after its last write: the log row (revision, sub)
     /// that holds it, or None once deleted. Only the last matters: nothing
     /// reads `kv` before they are sent.
-    live: BTreeMap<Vec<u8>, Option<(i64, i64)>>,
+    states: BTreeMap<Vec<u8>, Option<(i64, i64)>>,
     /// About how long their statements are, in bytes.
     bytes: usize,
 }
@@ -35,12 +35,17 @@ impl KeyWrites {
     /// `(revision, sub)`, or deleted.
     pub(super) fn key(&mut self, key: &[u8], row: Option<(i64, i64)>) {
         self.bytes += 2 * key.len() + 48;
-        self.live.insert(key.to_vec(), row);
+        self.states.insert(key.to_vec(), row);
     }
 
     /// About how long the statements would be, in bytes.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Whether nothing is gathered.
+    pub(super) fn is_empty(&self) -> bool {
+        self.log_rows.is_empty() && self.states.is_empty()
     }
 
     /// The statements for everything gathered, in the order they must run
@@ -58,7 +63,7 @@ impl KeyWrites {
         }
         let mut rows = Vec::new();
         let mut deleted = Vec::new();
-        for (key, row) in &writes.live {
+        for (key, row) in &writes.states {
             match row {
                 Some((revision, sub)) => rows.push(format!("({revision}, {sub})")),
                 None => deleted.push(bytes_literal(key)),
@@ -110,7 +115,7 @@ mod tests {
         );
         assert!(statements[1].contains("WHERE (revision, sub) IN ((8, 0)) ON DUPLICATE"));
         assert_eq!(statements[2], "DELETE FROM kv WHERE `key` IN (X'61')");
-        assert!(writes.take().is_empty(), "nothing left behind");
+        assert!(writes.is_empty(), "nothing left behind");
         assert_eq!(writes.bytes(), 0);
     }
 }

@@ -294,7 +294,7 @@ impl MysqlWrite {
 
     /// The connection, with the counters locked and the deferred writes sent.
     async fn ready(&mut self) -> BackendResult<&mut Conn> {
-        if self.revisions.is_none() || !self.deferred.is_empty() || self.key_writes.bytes() > 0 {
+        if self.revisions.is_none() || !self.deferred.is_empty() || !self.key_writes.is_empty() {
             self.lock(None).await?;
         }
         Ok(self.session.conn())
