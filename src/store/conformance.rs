@@ -531,6 +531,61 @@ pub async fn queued_writes_commit_together_in_order<B: Backend>(t: TestStore<B>)
     assert_eq!(revisions, (2..52).collect::<Vec<_>>());
 }
 
+/// Conformance test `concurrent_ranges_of_one_key_each_get_their_own`:
+/// Ranges of one key at once (which a server backend may answer together)
+/// each get their key, as a get, a keys-only get or a count, at the
+/// current revision.
+pub async fn concurrent_ranges_of_one_key_each_get_their_own<B: Backend>(t: TestStore<B>) {
+    // k00..k15 put at revisions 2..17, k03 deleted, k16..k19 never written.
+    for n in 0..16 {
+        let (key, value) = (format!("k{n:02}"), format!("v{n}"));
+        t.store.put(put_req(&key, &value)).await.unwrap();
+    }
+    let delete = DeleteRangeRequest {
+        key: b"k03".to_vec(),
+        ..Default::default()
+    };
+    t.store.delete_range(delete).await.unwrap();
+    let revision = t.store.revisions().current;
+    let store = std::sync::Arc::new(t.store);
+    let reads: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            let req = RangeRequest {
+                key: format!("k{:02}", i % 20).into_bytes(),
+                keys_only: i % 3 == 1,
+                count_only: i % 5 == 4,
+                ..Default::default()
+            };
+            tokio::spawn(async move { (i, store.range(&req).await.unwrap()) })
+        })
+        .collect();
+    for read in reads {
+        let (i, resp) = read.await.unwrap();
+        let n = i % 20;
+        let exists = n < 16 && n != 3;
+        assert_eq!(resp.header.unwrap().revision, revision, "read {i}");
+        assert_eq!(resp.count, i64::from(exists), "read {i}");
+        let expected: Vec<(Vec<u8>, Vec<u8>, i64)> = match exists && i % 5 != 4 {
+            true => {
+                let value = if i % 3 == 1 {
+                    String::new()
+                } else {
+                    format!("v{n}")
+                };
+                vec![(format!("k{n:02}").into_bytes(), value.into_bytes(), n + 2)]
+            }
+            false => Vec::new(),
+        };
+        let got: Vec<_> = resp
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key, kv.value, kv.mod_revision))
+            .collect();
+        assert_eq!(got, expected, "read {i}");
+    }
+}
+
 /// Conformance test `a_key_written_again_in_one_transaction_keeps_the_last`.
 pub async fn a_key_written_again_in_one_transaction_keeps_the_last<B: Backend>(t: TestStore<B>) {
     use crate::backend::{KeyRange, LogEntry, ReadAt, Revisions, WriteTxn};
@@ -1076,6 +1131,13 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn queued_writes_commit_together_in_order() {
             crate::store::conformance::queued_writes_commit_together_in_order(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn concurrent_ranges_of_one_key_each_get_their_own() {
+            crate::store::conformance::concurrent_ranges_of_one_key_each_get_their_own(
                 crate::store::conformance::TestStore::open($database().await).await,
             )
             .await

@@ -18,18 +18,21 @@
 //! The code is split by concern: `endpoint` and `dsn` parse endpoints, `tls`
 //! builds the TLS options, `connect` reaches the server (retries at startup,
 //! migrations), `txn` holds the transactions and their writes, `key_writes`
-//! gathers a transaction's key writes into multi-row statements, and
+//! gathers a transaction's key writes into multi-row statements,
+//! `key_reads` gathers concurrent Ranges of one key into one statement, and
 //! `queries` the statements they read with.
 
 mod connect;
 mod dsn;
 mod endpoint;
+mod key_reads;
 mod key_writes;
 mod queries;
 mod range_stream;
 mod tls;
 mod txn;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
@@ -38,6 +41,7 @@ use mysql_async::{Conn, DEFAULT_POOL_CONSTRAINTS, IoError, Opts, Pool, PoolConst
 
 use self::connect::{connect_server, migrate, quote_ident};
 use self::endpoint::Endpoint;
+use self::key_reads::KeyReads;
 use self::queries::select;
 use self::tls::ssl_opts;
 use self::txn::{MysqlRead, MysqlWrite, Session};
@@ -89,6 +93,8 @@ pub struct Mysql {
     /// The connection holding this instance's named locks (`GET_LOCK` locks
     /// belong to a session, so they need one that is never pooled or reset).
     lock_conn: tokio::sync::Mutex<Option<Conn>>,
+    /// Ranges of one key, gathered into few statements.
+    key_reads: Arc<KeyReads>,
 }
 
 impl Mysql {
@@ -145,6 +151,7 @@ impl Mysql {
             database: endpoint.database,
             poll_interval: DEFAULT_POLL_INTERVAL,
             lock_conn: tokio::sync::Mutex::new(None),
+            key_reads: Arc::default(),
         })
     }
 
@@ -166,14 +173,10 @@ impl Mysql {
             .context("cannot get a MySQL connection")
     }
 
-    /// A pooled connection for a transaction begun by `statement`, which
-    /// goes out with its first statements.
-    async fn session(&self, statement: &'static str) -> BackendResult<Session> {
-        Ok(Session::new(
-            self.conn().await?,
-            self.pool.clone(),
-            statement,
-        ))
+    /// A transaction begun by `statement`, which goes out with its first
+    /// statements, on a pooled connection taken then.
+    fn session(&self, statement: &'static str) -> Session {
+        Session::new(self.pool.clone(), statement)
     }
 }
 
@@ -270,10 +273,11 @@ impl Backend for Mysql {
     type Write = MysqlWrite;
 
     async fn read(&self) -> BackendResult<MysqlRead> {
-        let session = self
-            .session("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            .await?;
-        Ok(MysqlRead { session })
+        let session = self.session("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY");
+        Ok(MysqlRead {
+            session,
+            key_reads: Arc::clone(&self.key_reads),
+        })
     }
 
     /// Sends nothing yet: the transaction begins and locks the counters
@@ -283,7 +287,7 @@ impl Backend for Mysql {
     /// previous writer (of any instance) committed.
     async fn write(&self) -> BackendResult<MysqlWrite> {
         Ok(MysqlWrite::new(
-            self.session("START TRANSACTION READ WRITE").await?,
+            self.session("START TRANSACTION READ WRITE"),
         ))
     }
 

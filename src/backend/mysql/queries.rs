@@ -2,6 +2,8 @@
 //! count SQL at the current or an older revision, and the read queries that
 //! read and write transactions share.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, anyhow, bail};
 use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Params, Row, Value, from_row_opt};
@@ -217,36 +219,88 @@ pub(super) async fn query_current_range(
     decode().map_err(|error| mysql_async::Error::Other(error.into()))
 }
 
-/// `query_current_range` for one key: the counters' row joined with the
-/// key's, so one row whether the key exists or not. MariaDB reads both by
-/// primary key before it plans the rest, and the statement costs it about
-/// half the UNION ALL's server CPU (BENCHMARKS.md, issue 30).
+/// `query_current_range` for one key (see `query_current_keys`).
 async fn query_current_key(
     conn: &mut Conn,
     key: &[u8],
     query: CurrentRangeQuery<'_>,
 ) -> mysql_async::Result<CurrentRange> {
-    let value = if query.keys_only { "X''" } else { "kv.value" };
-    let sql = format!(
-        "SELECT m.revision, m.compact_revision, m.compacted_through, \
-           kv.`key`, {value}, kv.create_revision, kv.mod_revision, kv.version, kv.lease \
-         FROM meta m LEFT JOIN kv ON kv.`key` = ? WHERE m.id = 1"
-    );
-    let row: Option<Row> = conn.exec_first(sql.as_str(), (key,)).await?;
-    let decode = || -> anyhow::Result<CurrentRange> {
-        let row = row.context("the meta table has no row")?;
-        let mut kvs = Vec::new();
-        if row.column::<Option<Vec<u8>>>(3)?.is_some() {
-            kvs.push(kv_from_row(&ColumnsFrom {
-                row: &row,
-                first: 3,
-            })?);
-        }
-        Ok(CurrentRange {
-            revisions: revisions_from_row(&row)?,
+    let read = query_current_keys(conn, &[key]).await?.remove(0);
+    Ok(read.into_range(query))
+}
+
+/// A key's row and the counters, read from one snapshot.
+#[derive(Clone, Debug)]
+pub(super) struct KeyRead {
+    pub(super) revisions: Revisions,
+    /// None: the key does not exist.
+    pub(super) kv: Option<KeyValue>,
+}
+
+impl KeyRead {
+    /// The answer to `query`, a range of this key.
+    pub(super) fn into_range(self, query: CurrentRangeQuery<'_>) -> CurrentRange {
+        let kvs: Vec<KeyValue> = self
+            .kv
+            .into_iter()
+            .map(|mut kv| {
+                if query.keys_only {
+                    kv.value.clear();
+                }
+                kv
+            })
+            .collect();
+        CurrentRange {
+            revisions: self.revisions,
             count: query.count.then_some(kvs.len() as i64),
             kvs,
-        })
+        }
+    }
+}
+
+/// The counters and each of `keys` (in their order, repeats allowed) in one
+/// statement: the counters' row left-joined with the keys' rows, so one row
+/// with no key when none exists. MariaDB reads the counters and a key by
+/// primary key before it plans the rest, and the statement costs it about
+/// half a UNION ALL's server CPU (BENCHMARKS.md, issue 30). One key goes as the prepared statement a
+/// lone read has always used; several as text, with the keys as literals (a
+/// prepared statement for each number of keys would crowd the connection's
+/// statement cache).
+pub(super) async fn query_current_keys(
+    conn: &mut Conn,
+    keys: &[&[u8]],
+) -> mysql_async::Result<Vec<KeyRead>> {
+    const COLUMNS: &str = "SELECT m.revision, m.compact_revision, m.compacted_through, \
+           kv.`key`, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease \
+         FROM meta m LEFT JOIN kv ON kv.`key`";
+    let rows: Vec<Row> = match keys {
+        [key] => {
+            let sql = format!("{COLUMNS} = ? WHERE m.id = 1");
+            conn.exec(sql, (key,)).await?
+        }
+        _ => {
+            let list: Vec<String> = keys.iter().map(|key| bytes_literal(key)).collect();
+            let sql = format!("{COLUMNS} IN ({}) WHERE m.id = 1", list.join(", "));
+            conn.query(sql).await?
+        }
+    };
+    let decode = || -> anyhow::Result<Vec<KeyRead>> {
+        let first = rows.first().context("the meta table has no row")?;
+        let revisions = revisions_from_row(first)?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            if row.column::<Option<Vec<u8>>>(3)?.is_some() {
+                let kv = kv_from_row(&ColumnsFrom { row, first: 3 })?;
+                found.insert(kv.key.clone(), kv);
+            }
+        }
+        Ok(keys
+            .iter()
+            .map(|key| KeyRead {
+                revisions,
+                kv: found.get(*key).cloned(),
+            })
+            .collect())
     };
     decode().map_err(|error| mysql_async::Error::Other(error.into()))
 }

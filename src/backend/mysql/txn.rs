@@ -3,11 +3,13 @@
 //! write statements.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 
+use super::key_reads::KeyReads;
 use super::key_writes::KeyWrites;
 use super::queries::{
     bytes_literal, execute, query_alarms, query_auth_records, query_count, query_current_range,
@@ -22,20 +24,22 @@ use crate::backend::{
 };
 use crate::proto::mvccpb::KeyValue;
 
-/// A pooled connection for one transaction, begun with its first
-/// statements. If it is dropped before the transaction ends, the
-/// transaction is rolled back before the connection goes back to the pool.
+/// A pooled connection for one transaction, taken at its first statement
+/// (a read that another read's statement answers never needs one), begun
+/// with its first statements. If it is dropped before the transaction ends,
+/// the transaction is rolled back before the connection goes back to the
+/// pool.
 pub(super) struct Session {
-    pub(super) conn: Option<Conn>,
+    conn: Option<Conn>,
     /// A transaction is (or may be) open on `conn`.
     pub(super) open: bool,
     /// The statement that begins the transaction, not sent yet: it goes out
     /// with the first statements, and a read answered by one statement
     /// outside any transaction never sends it.
     pub(super) begin: Option<&'static str>,
-    /// Where a connection found dead before anything happened on it is
-    /// replaced from.
-    pub(super) pool: Pool,
+    /// Where the connection comes from, and a connection found dead before
+    /// anything happened on it is replaced from.
+    pool: Pool,
 }
 
 /// How often a connection found dead at its first statement is replaced:
@@ -44,17 +48,36 @@ pub(super) struct Session {
 const FIRST_STATEMENT_ATTEMPTS: usize = 3;
 
 impl Session {
-    pub(super) fn new(conn: Conn, pool: Pool, begin: &'static str) -> Self {
+    pub(super) fn new(pool: Pool, begin: &'static str) -> Self {
         Session {
-            conn: Some(conn),
+            conn: None,
             open: false,
             begin: Some(begin),
             pool,
         }
     }
 
-    pub(super) fn conn(&mut self) -> &mut Conn {
-        self.conn.as_mut().expect("connection present until drop")
+    /// The connection, taken from the pool at first use. Errors are the
+    /// driver's, so that the caller can tell a dead connection.
+    pub(super) async fn connection(&mut self) -> mysql_async::Result<&mut Conn> {
+        if self.conn.is_none() {
+            self.conn = Some(self.pool.get_conn().await?);
+        }
+        Ok(self.conn.as_mut().expect("just taken"))
+    }
+
+    /// `connection`, for callers that only report errors.
+    pub(super) async fn conn(&mut self) -> BackendResult<&mut Conn> {
+        self.connection()
+            .await
+            .map_err(db_error)
+            .context("cannot get a MySQL connection")
+    }
+
+    /// Lets the connection go (it was found dead before anything happened
+    /// on it): the next statement takes another.
+    pub(super) fn replace_conn(&mut self) {
+        self.conn = None;
     }
 
     /// The connection, with the transaction begun.
@@ -62,7 +85,7 @@ impl Session {
         if self.begin.is_some() {
             self.first_text(&[]).await?;
         }
-        Ok(self.conn())
+        self.conn().await
     }
 
     /// Sends the BEGIN not sent yet and `statements` as one multi-statement
@@ -80,13 +103,8 @@ impl Session {
         self.open |= begin.is_some();
         let mut attempts = 0;
         loop {
-            match run_text(
-                self.conn(),
-                &text,
-                usize::from(begin.is_some()) + statements.len(),
-            )
-            .await
-            {
+            let conn = self.conn().await?;
+            match run_text(conn, &text, usize::from(begin.is_some()) + statements.len()).await {
                 Ok(mut sets) => {
                     if begin.is_some() {
                         sets.remove(0);
@@ -99,8 +117,7 @@ impl Session {
                         && attempts < FIRST_STATEMENT_ATTEMPTS =>
                 {
                     attempts += 1;
-                    let fresh = self.pool.get_conn().await.map_err(db_error)?;
-                    self.conn = Some(fresh);
+                    self.replace_conn();
                 }
                 Err(error) => return Err(db_error(error).context("MySQL statements failed")),
             }
@@ -109,6 +126,7 @@ impl Session {
 
     async fn end(&mut self, statement: &str) -> BackendResult<()> {
         self.conn()
+            .await?
             .query_drop(statement)
             .await
             .map_err(db_error)
@@ -158,6 +176,8 @@ impl Drop for Session {
 /// A read transaction: a consistent snapshot on a pooled connection.
 pub struct MysqlRead {
     pub(super) session: Session,
+    /// Where a first read of one key waits to go out with others.
+    pub(super) key_reads: Arc<KeyReads>,
 }
 
 /// A write transaction, holding the lock on the `meta` row from its first
@@ -297,7 +317,7 @@ impl MysqlWrite {
         if self.revisions.is_none() || !self.deferred.is_empty() || !self.key_writes.is_empty() {
             self.lock(None).await?;
         }
-        Ok(self.session.conn())
+        self.session.conn().await
     }
 
     /// Queues a write, sending the queue once it is long.
@@ -422,24 +442,33 @@ impl MysqlRead {
     }
 
     /// One statement outside any transaction when it is the first (one
-    /// snapshot, one round trip, nothing to roll back); else in the
+    /// snapshot, one round trip, nothing to roll back; for one key, shared
+    /// with the reads of other keys that come meanwhile); else in the
     /// transaction.
     async fn read_current_range(
         &mut self,
         query: CurrentRangeQuery<'_>,
     ) -> BackendResult<CurrentRange> {
         if self.session.begin.is_none() {
-            let conn = self.session.conn();
+            let conn = self.session.conn().await?;
             return query_current_range(conn, query).await.map_err(db_error);
         }
         let mut attempts = 0;
+        let one_key = query.range.as_single().filter(|_| query.rows);
         loop {
-            match query_current_range(self.session.conn(), query).await {
+            let read = match one_key {
+                Some(key) => (self.key_reads.read(&mut self.session, key).await)
+                    .map(|read| read.into_range(query)),
+                None => match self.session.connection().await {
+                    Ok(conn) => query_current_range(conn, query).await,
+                    Err(error) => Err(error),
+                },
+            };
+            match read {
                 Ok(read) => return Ok(read),
                 Err(error) if error.is_fatal() && attempts < FIRST_STATEMENT_ATTEMPTS => {
                     attempts += 1;
-                    let fresh = self.session.pool.get_conn().await.map_err(db_error)?;
-                    self.session.conn = Some(fresh);
+                    self.session.replace_conn();
                 }
                 Err(error) => return Err(db_error(error).context("MySQL range failed")),
             }
@@ -702,7 +731,7 @@ impl WriteTxn for MysqlWrite {
         let mut text = std::mem::take(&mut self.deferred);
         text.push("COMMIT".to_string());
         let count = text.len();
-        run_text(self.session.conn(), &text.join("; "), count)
+        run_text(self.session.conn().await?, &text.join("; "), count)
             .await
             .map_err(db_error)
             .context("MySQL: COMMIT with the transaction's last writes")?;
