@@ -7,6 +7,7 @@
 
 pub mod changes;
 pub mod datastore;
+mod key_reads;
 pub mod mysql;
 pub mod open;
 pub mod postgres;

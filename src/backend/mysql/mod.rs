@@ -18,14 +18,13 @@
 //! The code is split by concern: `endpoint` and `dsn` parse endpoints, `tls`
 //! builds the TLS options, `connect` reaches the server (retries at startup,
 //! migrations), `txn` holds the transactions and their writes, `key_writes`
-//! gathers a transaction's key writes into multi-row statements,
-//! `key_reads` gathers concurrent Ranges of one key into one statement, and
-//! `queries` the statements they read with.
+//! gathers a transaction's key writes into multi-row statements, and
+//! `queries` the statements they read with (those of one-key Ranges
+//! gathered by `backend::key_reads`).
 
 mod connect;
 mod dsn;
 mod endpoint;
-mod key_reads;
 mod key_writes;
 mod queries;
 mod range_stream;
@@ -41,11 +40,11 @@ use mysql_async::{Conn, DEFAULT_POOL_CONSTRAINTS, IoError, Opts, Pool, PoolConst
 
 use self::connect::{connect_server, migrate, quote_ident};
 use self::endpoint::Endpoint;
-use self::key_reads::KeyReads;
 use self::queries::select;
 use self::tls::ssl_opts;
 use self::txn::{MysqlRead, MysqlWrite, Session};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL};
+use super::key_reads::KeyReads;
 use super::{Backend, BackendResult, DatabaseSize, Unavailable};
 use crate::backend::datastore::DatastoreTls;
 

@@ -2,13 +2,12 @@
 //! count SQL at the current or an older revision, and the read queries that
 //! read and write transactions share.
 
-use std::collections::HashMap;
-
 use anyhow::{Context, anyhow, bail};
 use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Params, Row, Value, from_row_opt};
 
 use super::db_error;
+use crate::backend::key_reads::{KeyRead, reads_of};
 use crate::backend::rows::{
     Column, Columns, ColumnsFrom, alarm_from_row, auth_record_from_row, kv_from_row,
     lease_from_row, log_entry_from_row, revisions_from_row,
@@ -229,35 +228,6 @@ async fn query_current_key(
     Ok(read.into_range(query))
 }
 
-/// A key's row and the counters, read from one snapshot.
-#[derive(Clone, Debug)]
-pub(super) struct KeyRead {
-    pub(super) revisions: Revisions,
-    /// None: the key does not exist.
-    pub(super) kv: Option<KeyValue>,
-}
-
-impl KeyRead {
-    /// The answer to `query`, a range of this key.
-    pub(super) fn into_range(self, query: CurrentRangeQuery<'_>) -> CurrentRange {
-        let kvs: Vec<KeyValue> = self
-            .kv
-            .into_iter()
-            .map(|mut kv| {
-                if query.keys_only {
-                    kv.value.clear();
-                }
-                kv
-            })
-            .collect();
-        CurrentRange {
-            revisions: self.revisions,
-            count: query.count.then_some(kvs.len() as i64),
-            kvs,
-        }
-    }
-}
-
 /// The counters and each of `keys` (in their order, repeats allowed) in one
 /// statement: the counters' row left-joined with the keys' rows, so one row
 /// with no key when none exists. MariaDB reads the counters and a key by
@@ -287,20 +257,13 @@ pub(super) async fn query_current_keys(
     let decode = || -> anyhow::Result<Vec<KeyRead>> {
         let first = rows.first().context("the meta table has no row")?;
         let revisions = revisions_from_row(first)?;
-        let mut found = HashMap::with_capacity(rows.len());
+        let mut found = Vec::with_capacity(rows.len());
         for row in &rows {
             if row.column::<Option<Vec<u8>>>(3)?.is_some() {
-                let kv = kv_from_row(&ColumnsFrom { row, first: 3 })?;
-                found.insert(kv.key.clone(), kv);
+                found.push(kv_from_row(&ColumnsFrom { row, first: 3 })?);
             }
         }
-        Ok(keys
-            .iter()
-            .map(|key| KeyRead {
-                revisions,
-                kv: found.get(*key).cloned(),
-            })
-            .collect())
+        Ok(reads_of(keys, revisions, found))
     };
     decode().map_err(|error| mysql_async::Error::Other(error.into()))
 }

@@ -9,14 +9,14 @@ use anyhow::{Context, bail};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 
-use super::key_reads::KeyReads;
 use super::key_writes::KeyWrites;
 use super::queries::{
-    bytes_literal, execute, query_alarms, query_auth_records, query_count, query_current_range,
-    query_expired_leases, query_keys_at, query_lease, query_lease_keys, query_leases, query_log,
-    query_range, query_revisions, query_setting,
+    bytes_literal, execute, query_alarms, query_auth_records, query_count, query_current_keys,
+    query_current_range, query_expired_leases, query_keys_at, query_lease, query_lease_keys,
+    query_leases, query_log, query_range, query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
+use crate::backend::key_reads::KeyReads;
 use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row, revisions_from_row};
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
@@ -457,8 +457,13 @@ impl MysqlRead {
         let one_key = query.range.as_single().filter(|_| query.rows);
         loop {
             let read = match one_key {
-                Some(key) => (self.key_reads.read(&mut self.session, key).await)
-                    .map(|read| read.into_range(query)),
+                Some(key) => {
+                    let session = &mut self.session;
+                    let read_keys = async |keys: &[&[u8]]| {
+                        query_current_keys(session.connection().await?, keys).await
+                    };
+                    (self.key_reads.read(key, read_keys).await).map(|read| read.into_range(query))
+                }
                 None => match self.session.connection().await {
                     Ok(conn) => query_current_range(conn, query).await,
                     Err(error) => Err(error),

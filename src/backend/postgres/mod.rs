@@ -41,8 +41,9 @@ use tokio_postgres::Client;
 use self::connect::{Connector, NotifyTarget, is_transient, migrate};
 use self::endpoint::Target;
 use self::sessions::{AbortOnDrop, Listener, LockSession, lock_key, simple_value};
-use self::txn::{BEGIN_READ, BEGIN_WRITE, PostgresRead, PostgresWrite, TxnConn};
+use self::txn::{BEGIN_WRITE, PostgresRead, PostgresWrite, TxnConn};
 use super::changes::{ChangeFeed, DEFAULT_POLL_INTERVAL, Notifications};
+use super::key_reads::KeyReads;
 use super::{Backend, BackendResult, DatabaseSize, Unavailable};
 use crate::backend::datastore::DatastoreTls;
 
@@ -63,8 +64,9 @@ const MAX_KEY_BYTES: usize = 2600;
 
 /// A store in a Postgres database.
 pub struct Postgres {
-    pool: Pool,
-    connector: Connector,
+    connections: Arc<Connections>,
+    /// Ranges of one key, gathered into few statements.
+    key_reads: Arc<KeyReads>,
     /// Counted by the listener on every other instance's NOTIFY (and after
     /// a reconnect).
     changes: Arc<Notifications>,
@@ -129,8 +131,8 @@ impl Postgres {
             .with_context(|| format!("cannot LISTEN on {}", connector.describe()))?;
         tracing::info!("using Postgres at {}", connector.describe());
         Ok(Postgres {
-            pool,
-            connector,
+            connections: Arc::new(Connections { pool, connector }),
+            key_reads: Arc::default(),
             changes,
             notify_payload,
             poll_interval: DEFAULT_POLL_INTERVAL,
@@ -146,6 +148,20 @@ impl Postgres {
     }
 
     async fn pooled(&self) -> BackendResult<Object> {
+        self.connections.pooled().await
+    }
+}
+
+/// Where connections come from: the pool, and the server's description for
+/// errors.
+pub(super) struct Connections {
+    pool: Pool,
+    connector: Connector,
+}
+
+impl Connections {
+    /// A connection from the pool.
+    pub(super) async fn pooled(&self) -> BackendResult<Object> {
         self.pool.get().await.map_err(|error| match error {
             PoolError::Backend(error) => {
                 let message = format!(
@@ -180,9 +196,10 @@ impl Backend for Postgres {
     type Write = PostgresWrite;
 
     async fn read(&self) -> BackendResult<PostgresRead> {
-        Ok(PostgresRead {
-            conn: TxnConn::new(self.pooled().await?, BEGIN_READ),
-        })
+        Ok(PostgresRead::new(
+            self.connections.clone(),
+            self.key_reads.clone(),
+        ))
     }
 
     /// Sends nothing yet: BEGIN and the `meta` row lock go out with the
@@ -273,13 +290,18 @@ impl Backend for Postgres {
             }
         }
         if session.client.is_none() {
-            let (client, _driver) = self.connector.connect(None).await.map_err(|error| {
-                anyhow!(
-                    "cannot open the advisory lock connection to {}: {}",
-                    self.connector.describe(),
-                    describe(&error)
-                )
-            })?;
+            let (client, _driver) =
+                self.connections
+                    .connector
+                    .connect(None)
+                    .await
+                    .map_err(|error| {
+                        anyhow!(
+                            "cannot open the advisory lock connection to {}: {}",
+                            self.connections.connector.describe(),
+                            describe(&error)
+                        )
+                    })?;
             session.client = Some(client);
         }
         let client = session.client.as_ref().expect("connected above");

@@ -9,6 +9,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::txn::TxnConn;
+use crate::backend::key_reads::{KeyRead, reads_of};
 use crate::backend::rows::{
     Column, Columns, ColumnsFrom, alarm_from_row, auth_record_from_row, kv_from_row,
     lease_from_row, log_entry_from_row, revisions_from_row,
@@ -106,6 +107,11 @@ static COUNT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
 
 /// `ReadTxn::keys_at`: each key's last log row at or below the revision,
 /// unless that row deleted it. Parameters: $1 the keys, $2 the revision.
+/// `TxnConn::current_keys`.
+const CURRENT_KEYS_SQL: &str = "SELECT m.revision, m.compact_revision, m.compacted_through, \
+       kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease \
+     FROM meta AS m LEFT JOIN kv ON kv.key = ANY($1) WHERE m.id = 1";
+
 const KEYS_AT_SQL: &str = "SELECT key, value, create_revision, revision, version, lease FROM (\
        SELECT DISTINCT ON (key) key, value, create_revision, revision, version, lease, deleted \
        FROM log WHERE key = ANY($1) AND revision <= $2 \
@@ -270,6 +276,26 @@ impl TxnConn {
             kvs,
             count: count.filter(|_| query.count),
         })
+    }
+
+    /// The counters and each of `keys` (in their order, repeats allowed)
+    /// in one statement, outside any transaction when it is the first (see
+    /// `current_range`): the counters' row left-joined with the keys' rows,
+    /// so one row with no key when none exists.
+    pub(super) async fn current_keys(&mut self, keys: &[&[u8]]) -> BackendResult<Vec<KeyRead>> {
+        let begin = self.begin.take();
+        let rows = self.query(CURRENT_KEYS_SQL, &[&keys]).await;
+        self.begin = begin;
+        let rows = rows?;
+        let first = rows.first().context("the meta row is missing")?;
+        let revisions = revisions_from_row(first)?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.try_get::<_, Option<Vec<u8>>>(3)?.is_some() {
+                found.push(kv_from_row(&ColumnsFrom { row, first: 3 })?);
+            }
+        }
+        Ok(reads_of(keys, revisions, found))
     }
 
     pub(super) async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {

@@ -30,9 +30,10 @@ impl StreamRange for PostgresRead {
         let mut params = key_params(range, &at);
         params.push(&limit);
         let sql = range_sql(at, range.end.is_some(), keys_only);
-        let rows = self.conn.query_stream(sql, &params).await?;
+        let conn = self.conn().await?;
+        let rows = conn.query_stream(sql, &params).await?;
         Ok(PostgresRows {
-            conn: &mut self.conn,
+            conn,
             rows: Box::pin(rows),
             last: None,
         })

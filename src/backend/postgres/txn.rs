@@ -13,8 +13,9 @@ use deadpool_postgres::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, RowStream};
 
-use super::db_error;
 use super::queries::revisions_from;
+use super::{Connections, db_error};
+use crate::backend::key_reads::KeyReads;
 use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row};
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
@@ -253,7 +254,30 @@ fn roll_back_in_background(client: Object) {
 
 /// A read transaction on a pooled connection; a consistent snapshot.
 pub struct PostgresRead {
-    pub(super) conn: TxnConn,
+    /// None until the first statement: a Range of one key that another
+    /// read's statement answers never takes a connection.
+    conn: Option<TxnConn>,
+    connections: Arc<Connections>,
+    key_reads: Arc<KeyReads>,
+}
+
+impl PostgresRead {
+    pub(super) fn new(connections: Arc<Connections>, key_reads: Arc<KeyReads>) -> Self {
+        PostgresRead {
+            conn: None,
+            connections,
+            key_reads,
+        }
+    }
+
+    /// The transaction's connection, taken from the pool at first use.
+    pub(super) async fn conn(&mut self) -> BackendResult<&mut TxnConn> {
+        if self.conn.is_none() {
+            let client = self.connections.pooled().await?;
+            self.conn = Some(TxnConn::new(client, BEGIN_READ));
+        }
+        Ok(self.conn.as_mut().expect("just taken"))
+    }
 }
 
 /// A write transaction on a pooled connection, holding the `meta` row lock
@@ -359,7 +383,7 @@ impl PostgresWrite {
     }
 }
 
-pub(super) const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
 // READ COMMITTED whatever the server's default: the meta row lock already
 // orders writers, and SERIALIZABLE would only add serialization failures.
 pub(super) const BEGIN_WRITE: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE";
@@ -376,11 +400,11 @@ macro_rules! forward_reads {
             limit: usize,
             keys_only: bool,
         ) -> BackendResult<Vec<KeyValue>> {
-            self.conn.range(range, at, limit, keys_only).await
+            self.conn().await?.range(range, at, limit, keys_only).await
         }
 
         async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
-            self.conn.count(range, at).await
+            self.conn().await?.count(range, at).await
         }
 
         async fn keys_at(
@@ -388,51 +412,60 @@ macro_rules! forward_reads {
             keys: &[Vec<u8>],
             revision: i64,
         ) -> BackendResult<Vec<KeyValue>> {
-            self.conn.keys_at(keys, revision).await
+            self.conn().await?.keys_at(keys, revision).await
         }
 
         async fn log_entries(&mut self, after: i64, through: i64) -> BackendResult<Vec<LogEntry>> {
-            self.conn.log_entries(after, through).await
+            self.conn().await?.log_entries(after, through).await
         }
 
         async fn setting(&mut self, name: &str) -> BackendResult<Option<i64>> {
-            self.conn.setting(name).await
+            self.conn().await?.setting(name).await
         }
 
         async fn lease(&mut self, id: i64) -> BackendResult<Option<LeaseRow>> {
-            self.conn.lease(id).await
+            self.conn().await?.lease(id).await
         }
 
         async fn leases(&mut self) -> BackendResult<Vec<LeaseRow>> {
-            self.conn.leases().await
+            self.conn().await?.leases().await
         }
 
         async fn expired_leases(&mut self, now_ms: i64, limit: usize) -> BackendResult<Vec<i64>> {
-            self.conn.expired_leases(now_ms, limit).await
+            self.conn().await?.expired_leases(now_ms, limit).await
         }
 
         async fn lease_keys(&mut self, id: i64) -> BackendResult<Vec<KeyValue>> {
-            self.conn.lease_keys(id).await
+            self.conn().await?.lease_keys(id).await
         }
 
         async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
-            self.conn.alarms().await
+            self.conn().await?.alarms().await
         }
 
         async fn auth_records(&mut self, kind: AuthKind) -> BackendResult<Vec<(Vec<u8>, Vec<u8>)>> {
-            self.conn.auth_records(kind).await
+            self.conn().await?.auth_records(kind).await
         }
     };
 }
 
 impl ReadTxn for PostgresRead {
     async fn revisions(&mut self) -> BackendResult<Revisions> {
-        self.conn.revisions().await
+        self.conn().await?.revisions().await
     }
 
-    /// One statement, outside any transaction when it is the first.
+    /// One statement, outside any transaction when it is the first; for
+    /// one key, shared with the reads of other keys that come meanwhile.
     async fn current_range(&mut self, query: CurrentRangeQuery<'_>) -> BackendResult<CurrentRange> {
-        self.conn.current_range(query).await
+        if self.conn.is_none()
+            && query.rows
+            && let Some(key) = query.range.as_single()
+        {
+            let key_reads = self.key_reads.clone();
+            let read_keys = async |keys: &[&[u8]]| self.conn().await?.current_keys(keys).await;
+            return Ok(key_reads.read(key, read_keys).await?.into_range(query));
+        }
+        self.conn().await?.current_range(query).await
     }
 
     forward_reads!();

@@ -1,15 +1,15 @@
 //! Ranges of one key at the current revision, gathered: while a statement
 //! of them is running, the next ones wait and then go out together, as one
-//! statement (`KeyReads`).
+//! statement (`KeyReads`), on PostgreSQL and MySQL.
 //!
-//! MariaDB spends most of a one-key Range's cost on the statement, not on
-//! the key: planning it again at every execution and scheduling its thread
-//! per connection (BENCHMARKS.md, issue 30). Sixteen keys in one statement
-//! cost it about a fifth of sixteen statements per key. Every gathered read
-//! arrived before its statement was sent, and the statement reads the
-//! counters and all its keys from one snapshot, so each answer is a state
-//! the store was in after its request came: as linearizable as a statement
-//! of its own.
+//! A database server spends most of a one-key Range's cost on the
+//! statement, not on the key (MariaDB plans a statement again at every
+//! execution: sixteen keys in one statement cost it about a fifth of
+//! sixteen statements of one key), and each statement holds a pooled
+//! connection for a round trip. Every gathered read arrived before its
+//! statement was sent, and the statement reads the counters and all its
+//! keys from one snapshot, so each answer is a state the store was in after
+//! its request came: as linearizable as a statement of its own.
 //!
 //! A statement is run by one of the reads it answers, on a connection that
 //! read takes from the pool then (a read answered by another's statement
@@ -18,22 +18,64 @@
 //! waited longest runs the next. A read alone when it comes goes out at
 //! once, as a statement of one key.
 
+use std::collections::HashMap;
 use std::mem;
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
-use super::queries::{KeyRead, query_current_keys};
-use super::txn::Session;
+use super::{CurrentRange, CurrentRangeQuery, Revisions};
+use crate::proto::mvccpb::KeyValue;
 
 /// Statements of gathered reads that may run at once. One gathered a little
-/// more (24.3-24.8k Ranges/s at 64 clients against 22.6-23.1k with two,
-/// BENCHMARKS.md, issue 30); two, so that one slow statement (a large
+/// more (24.3-24.8k Ranges/s at 64 clients against 22.6-23.1k with two, on
+/// MySQL: BENCHMARKS.md, issue 30); two, so that one slow statement (a large
 /// value) does not hold every one-key read behind it.
 const STATEMENTS_AT_ONCE: usize = 2;
 
 /// Keys in one statement, at most.
 const KEYS_PER_STATEMENT: usize = 256;
+
+/// A key's row and the counters, read from one snapshot.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyRead {
+    pub(crate) revisions: Revisions,
+    /// None: the key does not exist.
+    pub(crate) kv: Option<KeyValue>,
+}
+
+impl KeyRead {
+    /// The answer to `query`, a range of this key.
+    pub(crate) fn into_range(self, query: CurrentRangeQuery<'_>) -> CurrentRange {
+        let kvs: Vec<KeyValue> = self
+            .kv
+            .into_iter()
+            .map(|mut kv| {
+                if query.keys_only {
+                    kv.value.clear();
+                }
+                kv
+            })
+            .collect();
+        CurrentRange {
+            revisions: self.revisions,
+            count: query.count.then_some(kvs.len() as i64),
+            kvs,
+        }
+    }
+}
+
+/// The read of each of `keys`, in their order, from the counters and the
+/// rows one statement found.
+pub(crate) fn reads_of(keys: &[&[u8]], revisions: Revisions, found: Vec<KeyValue>) -> Vec<KeyRead> {
+    let found: HashMap<&[u8], &KeyValue> = found.iter().map(|kv| (kv.key.as_slice(), kv)).collect();
+    keys.iter()
+        .map(|key| KeyRead {
+            revisions,
+            kv: found.get(key).map(|kv| (*kv).clone()),
+        })
+        .collect()
+}
 
 /// What a waiting read is told.
 enum Turn {
@@ -55,19 +97,21 @@ struct State {
 
 /// The one-key reads of an instance, gathered into few statements.
 #[derive(Default)]
-pub(super) struct KeyReads {
+pub(crate) struct KeyReads {
     state: Mutex<State>,
 }
 
 impl KeyReads {
-    /// `key`'s row and the counters at the current revision, on the
-    /// session's connection or in another read's statement. Errors are the
-    /// driver's, so that the caller can tell a dead connection.
-    pub(super) async fn read(
+    /// `key`'s row and the counters at the current revision, read by
+    /// `read_keys` (one statement for the keys given, each key's read in
+    /// their order) or in another read's statement. A read whose statement
+    /// failed or was cancelled runs its own, so that the error it returns
+    /// is its own.
+    pub(crate) async fn read<E>(
         &self,
-        session: &mut Session,
         key: &[u8],
-    ) -> mysql_async::Result<KeyRead> {
+        read_keys: impl AsyncFnOnce(&[&[u8]]) -> Result<Vec<KeyRead>, E>,
+    ) -> Result<KeyRead, E> {
         let (turn, waited) = oneshot::channel();
         let leads = {
             let mut state = self.state.lock().expect("key reads lock");
@@ -83,24 +127,23 @@ impl KeyReads {
             leads
         };
         if leads {
-            return self.lead(session, key).await;
+            return self.lead(key, read_keys).await;
         }
         match waited.await {
             Ok(Turn::Answer(read)) => Ok(read),
-            Ok(Turn::Lead) => self.lead(session, key).await,
-            // The statement that was to answer failed or was cancelled: this
-            // read goes alone, with an error of its own if it has one.
-            Err(_) => query_current_keys(session.connection().await?, &[key])
-                .await
-                .map(|mut reads| reads.remove(0)),
+            Ok(Turn::Lead) => self.lead(key, read_keys).await,
+            Err(_) => Ok(read_keys(&[key]).await?.remove(0)),
         }
     }
 
     /// Runs one statement for `key` and the reads waiting now, answers
     /// them, then hands the turn on.
-    async fn lead(&self, session: &mut Session, key: &[u8]) -> mysql_async::Result<KeyRead> {
+    async fn lead<E>(
+        &self,
+        key: &[u8],
+        read_keys: impl AsyncFnOnce(&[&[u8]]) -> Result<Vec<KeyRead>, E>,
+    ) -> Result<KeyRead, E> {
         let handover = Handover(self);
-        let conn = session.connection().await?;
         let others = {
             let mut state = self.state.lock().expect("key reads lock");
             let take = state.waiting.len().min(KEYS_PER_STATEMENT - 1);
@@ -110,7 +153,7 @@ impl KeyReads {
         let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + others.len());
         keys.push(key);
         keys.extend(others.iter().map(|other| other.key.as_slice()));
-        let mut reads = query_current_keys(conn, &keys).await?.into_iter();
+        let mut reads = read_keys(&keys).await?.into_iter();
         let own = reads.next().expect("one read per key");
         for (other, read) in others.into_iter().zip(reads) {
             // A read whose caller has gone needs no answer.
