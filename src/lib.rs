@@ -77,7 +77,8 @@
 //!   `ReadTxn`, `WriteTxn` traits in `mod.rs`), one module per SQL dialect
 //!   (`sqlite/`, with its record log in front, `postgres/`, `mysql/`); shared: row decoding (`rows.rs`),
 //!   streamed ranges (`range_stream.rs`), other instances' commits
-//!   (`changes.rs`), what an endpoint names (`datastore.rs`), opening any
+//!   (`changes.rs`), one-key Ranges gathered into few statements on the
+//!   server databases (`key_reads.rs`), what an endpoint names (`datastore.rs`), opening any
 //!   datastore (`open.rs`), the settings rows (`settings.rs`), cetera's
 //!   SQLite snapshots (`snapshot.rs`).
 //! - `metrics` (`src/metrics/`): the Prometheus registry every layer counts in.
