@@ -181,3 +181,121 @@ impl Drop for Handover<'_> {
         state.running -= 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    const REVISIONS: Revisions = Revisions {
+        current: 7,
+        compact: -1,
+        compacted_through: 0,
+    };
+
+    /// Every key exists, its value its own name; each statement takes 20 ms
+    /// and is counted, and fails if its first key is `fail`.
+    async fn read_keys(statements: &AtomicUsize, keys: &[&[u8]]) -> Result<Vec<KeyRead>, String> {
+        statements.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if keys[0] == b"fail" {
+            return Err("failed".to_string());
+        }
+        let found = keys
+            .iter()
+            .map(|key| KeyValue {
+                key: key.to_vec(),
+                value: key.to_vec(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(reads_of(keys, REVISIONS, found))
+    }
+
+    /// Reads `keys` at once, each as its own task; each task's answer.
+    async fn read_all(
+        reads: &Arc<KeyReads>,
+        statements: &Arc<AtomicUsize>,
+        keys: &[&str],
+    ) -> Vec<Result<Vec<u8>, String>> {
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (reads, statements, key) = (reads.clone(), statements.clone(), key.to_string());
+                tokio::spawn(async move {
+                    let read_keys = async |keys: &[&[u8]]| read_keys(&statements, keys).await;
+                    let read = reads.read(key.as_bytes(), read_keys).await?;
+                    Ok(read.kv.expect("every key exists").value)
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            let answer = tokio::time::timeout(Duration::from_secs(5), task).await;
+            answers.push(answer.expect("every read is answered").unwrap());
+        }
+        answers
+    }
+
+    #[tokio::test]
+    async fn reads_that_come_meanwhile_share_a_statement() {
+        let (reads, statements) = (Arc::new(KeyReads::default()), Arc::default());
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let answers = read_all(&reads, &statements, &keys).await;
+        for (key, answer) in keys.iter().zip(answers) {
+            assert_eq!(answer.unwrap(), key.as_bytes());
+        }
+        // Two alone, then the 18 that waited behind them: in one statement,
+        // or two if both first statements ended before the next began.
+        let statements = statements.load(Ordering::SeqCst);
+        assert!((3..=4).contains(&statements), "{statements} statements");
+        assert_eq!(reads.state.lock().unwrap().running, 0);
+    }
+
+    #[tokio::test]
+    async fn reads_of_a_failed_statement_run_their_own() {
+        let (reads, statements) = (Arc::new(KeyReads::default()), Arc::default());
+        // `a` and `b` lead; `fail` leads the next statement, with `c`.
+        let answers = read_all(&reads, &statements, &["a", "b", "fail", "c"]).await;
+        assert_eq!(answers[0].as_deref(), Ok(&b"a"[..]));
+        assert_eq!(answers[2], Err("failed".to_string()));
+        assert_eq!(answers[3].as_deref(), Ok(&b"c"[..]));
+        // a, b, fail with c, then c alone.
+        assert_eq!(statements.load(Ordering::SeqCst), 4);
+        assert_eq!(reads.state.lock().unwrap().running, 0);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_statement_hands_its_turn_on() {
+        let (reads, statements) = (Arc::new(KeyReads::default()), Arc::<AtomicUsize>::default());
+        let leaders: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|key| {
+                let (reads, statements) = (reads.clone(), statements.clone());
+                tokio::spawn(async move {
+                    let read_keys = async |keys: &[&[u8]]| read_keys(&statements, keys).await;
+                    reads.read(key.as_bytes(), read_keys).await
+                })
+            })
+            .collect();
+        let waiting = tokio::spawn({
+            let (reads, statements) = (reads.clone(), statements.clone());
+            async move { read_all(&reads, &statements, &["c"]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(reads.state.lock().unwrap().waiting.len(), 1, "c waits");
+        for leader in &leaders {
+            leader.abort();
+        }
+        let answers = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("c is answered")
+            .unwrap();
+        assert_eq!(answers[0].as_deref(), Ok(&b"c"[..]));
+        assert_eq!(reads.state.lock().unwrap().running, 0);
+    }
+}
