@@ -24,6 +24,7 @@
 
 mod connect;
 mod endpoint;
+mod key_writes;
 mod queries;
 mod range_stream;
 mod sessions;

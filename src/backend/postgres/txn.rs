@@ -13,6 +13,7 @@ use deadpool_postgres::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, RowStream};
 
+use super::key_writes::{KeyWrites, Params};
 use super::queries::revisions_from;
 use super::{Connections, db_error};
 use crate::backend::key_reads::KeyReads;
@@ -40,12 +41,15 @@ pub(super) struct TxnConn {
     pub(super) failed: bool,
     /// Writes not sent yet: they go out ahead of the next statement.
     deferred: Vec<Deferred>,
+    /// Key writes not sent yet, gathered: they go out ahead of `deferred`'s
+    /// next statement, few statements for many keys.
+    key_writes: KeyWrites,
 }
 
 /// A write whose result nobody waits for, with its parameters.
 struct Deferred {
     sql: &'static str,
-    params: Vec<Box<dyn ToSql + Sync + Send>>,
+    params: Params,
 }
 
 /// A statement to run and wait for, with its parameters.
@@ -92,12 +96,27 @@ impl TxnConn {
             begin: Some(begin),
             failed: false,
             deferred: Vec::new(),
+            key_writes: KeyWrites::default(),
         }
     }
 
     /// Queues a write; it is sent ahead of the next statement run.
-    pub(super) fn defer(&mut self, sql: &'static str, params: Vec<Box<dyn ToSql + Sync + Send>>) {
+    pub(super) fn defer(&mut self, sql: &'static str, params: Params) {
+        self.defer_key_writes();
         self.deferred.push(Deferred { sql, params });
+    }
+
+    /// Queues a log row and its `kv` change, gathered with the key writes
+    /// queued just before it.
+    pub(super) fn write_key(&mut self, entry: &LogEntry) {
+        self.key_writes.add(entry);
+    }
+
+    /// Queues the gathered key writes' statements.
+    fn defer_key_writes(&mut self) {
+        for (sql, params) in self.key_writes.take() {
+            self.deferred.push(Deferred { sql, params });
+        }
     }
 
     pub(super) async fn query(
@@ -117,6 +136,7 @@ impl TxnConn {
         statements: &[Statement<'_>],
         end: Option<&'static str>,
     ) -> BackendResult<Vec<Vec<Row>>> {
+        self.defer_key_writes();
         let client = self
             .client
             .as_ref()
@@ -193,7 +213,7 @@ impl TxnConn {
             .expect("connection present until the transaction ends");
         let result = async {
             debug_assert!(
-                self.deferred.is_empty(),
+                self.deferred.is_empty() && self.key_writes.is_empty(),
                 "a read transaction writes nothing"
             );
             let statement = client.prepare_cached(sql).await?;
@@ -568,34 +588,7 @@ impl WriteTxn for PostgresWrite {
     async fn append(&mut self, entry: &LogEntry) -> BackendResult<()> {
         self.locked().await?;
         let kv = &entry.kv;
-        // One statement: the log row and the kv change.
-        let sql = if entry.deleted {
-            "WITH logged AS (\
-               INSERT INTO log (revision, sub, key, value, create_revision, version, lease, deleted) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, TRUE)\
-             ) DELETE FROM kv WHERE key = $3"
-        } else {
-            "WITH logged AS (\
-               INSERT INTO log (revision, sub, key, value, create_revision, version, lease, deleted) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, FALSE)\
-             ) INSERT INTO kv (key, value, create_revision, mod_revision, version, lease) \
-             VALUES ($3, $4, $5, $1, $6, $7) \
-             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, \
-               create_revision = EXCLUDED.create_revision, mod_revision = EXCLUDED.mod_revision, \
-               version = EXCLUDED.version, lease = EXCLUDED.lease"
-        };
-        self.conn.defer(
-            sql,
-            params![
-                kv.mod_revision,
-                entry.sub,
-                kv.key.clone(),
-                kv.value.clone(),
-                kv.create_revision,
-                kv.version,
-                kv.lease,
-            ],
-        );
+        self.conn.write_key(entry);
         let live = (!entry.deleted).then(|| kv.clone());
         self.keys.insert(kv.key.clone(), live);
         Ok(())
