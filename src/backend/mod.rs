@@ -213,6 +213,23 @@ pub struct LogEntry {
     pub deleted: bool,
 }
 
+#[cfg(test)]
+impl LogEntry {
+    /// A change of `key` at `revision` (sub 0), for tests: a bare put, or
+    /// its deletion.
+    pub(crate) fn of_key(key: &str, revision: i64, deleted: bool) -> Self {
+        LogEntry {
+            kv: KeyValue {
+                key: key.into(),
+                mod_revision: revision,
+                ..Default::default()
+            },
+            sub: 0,
+            deleted,
+        }
+    }
+}
+
 /// A lease as stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseRow {

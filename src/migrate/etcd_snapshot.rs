@@ -358,15 +358,7 @@ mod tests {
     }
 
     fn row(key: &str, revision: i64, deleted: bool) -> LogEntry {
-        LogEntry {
-            kv: KeyValue {
-                key: key.into(),
-                mod_revision: revision,
-                ..Default::default()
-            },
-            sub: 0,
-            deleted,
-        }
+        LogEntry::of_key(key, revision, deleted)
     }
 
     #[test]

@@ -106,28 +106,16 @@ impl KeyWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::mvccpb::KeyValue;
 
-    fn entry(key: &str, revision: i64, deleted: bool) -> LogEntry {
-        LogEntry {
-            kv: KeyValue {
-                key: key.into(),
-                mod_revision: revision,
-                ..Default::default()
-            },
-            sub: 0,
-            deleted,
-        }
-    }
-
+    /// Every log row, in order; each key's last state only.
     #[test]
-    fn a_key_written_twice_keeps_its_last_state() {
+    fn rows_in_order_and_each_key_its_last_state() {
         let mut writes = KeyWrites::default();
         for written in [
-            entry("a", 5, false),
-            entry("b", 6, false),
-            entry("a", 7, true),
-            entry("b", 8, false),
+            LogEntry::of_key("a", 5, false),
+            LogEntry::of_key("b", 6, false),
+            LogEntry::of_key("a", 7, true),
+            LogEntry::of_key("b", 8, false),
         ] {
             writes.add(&written);
         }
