@@ -65,6 +65,16 @@ impl KeyRead {
     }
 }
 
+/// The key of `query` when it is a read that is gathered: one key's row with
+/// its value. A count or a keys-only get goes out on its own, so that a
+/// statement never moves a value no one asked for.
+pub(crate) fn gathered_key<'a>(query: &CurrentRangeQuery<'a>) -> Option<&'a [u8]> {
+    query
+        .range
+        .as_single()
+        .filter(|_| query.rows && !query.keys_only)
+}
+
 /// The read of each of `keys`, in their order, from the counters and the
 /// rows one statement found.
 pub(crate) fn reads_of(keys: &[&[u8]], revisions: Revisions, found: Vec<KeyValue>) -> Vec<KeyRead> {

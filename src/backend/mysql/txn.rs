@@ -16,7 +16,7 @@ use super::queries::{
     query_leases, query_log, query_range, query_revisions, query_setting,
 };
 use super::{MAX_KEY_BYTES, db_error};
-use crate::backend::key_reads::KeyReads;
+use crate::backend::key_reads::{KeyReads, gathered_key};
 use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row, revisions_from_row};
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
@@ -454,20 +454,19 @@ impl MysqlRead {
             return query_current_range(conn, query).await.map_err(db_error);
         }
         let mut attempts = 0;
-        let one_key = query.range.as_single().filter(|_| query.rows);
+        let one_key = gathered_key(&query);
         loop {
+            let session = &mut self.session;
             let read = match one_key {
                 Some(key) => {
-                    let session = &mut self.session;
                     let read_keys = async |keys: &[&[u8]]| {
                         query_current_keys(session.connection().await?, keys).await
                     };
                     (self.key_reads.read(key, read_keys).await).map(|read| read.into_range(query))
                 }
-                None => match self.session.connection().await {
-                    Ok(conn) => query_current_range(conn, query).await,
-                    Err(error) => Err(error),
-                },
+                None => {
+                    async { query_current_range(session.connection().await?, query).await }.await
+                }
             };
             match read {
                 Ok(read) => return Ok(read),

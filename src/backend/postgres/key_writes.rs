@@ -56,50 +56,108 @@ impl KeyWrites {
     }
 
     /// The statements for everything gathered, in the order they must run,
-    /// leaving nothing behind.
+    /// leaving nothing behind. The log rows' keys and values move into the
+    /// log statement; only the live keys' values are copied for `kv`.
     pub(super) fn take(&mut self) -> Vec<(&'static str, Params)> {
         let KeyWrites { rows, states } = std::mem::take(self);
         let mut statements = Vec::with_capacity(3);
         if rows.is_empty() {
             return statements;
         }
-        let column = |f: &dyn Fn(&LogEntry) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
-        let log: Params = vec![
-            Box::new(column(&|r| r.kv.mod_revision)),
-            Box::new(column(&|r| r.sub)),
-            Box::new(rows.iter().map(|r| r.kv.key.clone()).collect::<Vec<_>>()),
-            Box::new(rows.iter().map(|r| r.kv.value.clone()).collect::<Vec<_>>()),
-            Box::new(column(&|r| r.kv.create_revision)),
-            Box::new(column(&|r| r.kv.version)),
-            Box::new(column(&|r| r.kv.lease)),
-            Box::new(rows.iter().map(|r| r.deleted).collect::<Vec<bool>>()),
-        ];
-        statements.push((INSERT_LOG, log));
-        let (live, deleted): (Vec<_>, Vec<_>) =
-            states.into_iter().partition(|(_, at)| at.is_some());
-        if !live.is_empty() {
-            let live: Vec<&LogEntry> = live
-                .iter()
-                .filter_map(|(_, at)| *at)
-                .map(|i| &rows[i])
-                .collect();
-            let column =
-                |f: &dyn Fn(&LogEntry) -> i64| live.iter().map(|r| f(r)).collect::<Vec<i64>>();
-            let kv: Params = vec![
-                Box::new(live.iter().map(|r| r.kv.key.clone()).collect::<Vec<_>>()),
-                Box::new(live.iter().map(|r| r.kv.value.clone()).collect::<Vec<_>>()),
-                Box::new(column(&|r| r.kv.create_revision)),
-                Box::new(column(&|r| r.kv.mod_revision)),
-                Box::new(column(&|r| r.kv.version)),
-                Box::new(column(&|r| r.kv.lease)),
-            ];
-            statements.push((UPSERT_KV, kv));
+        let mut live = Kv::default();
+        let mut deleted: Vec<Vec<u8>> = Vec::new();
+        for (key, at) in states {
+            match at {
+                Some(i) => live.push(key, &rows[i]),
+                None => deleted.push(key),
+            }
+        }
+        statements.push((INSERT_LOG, Log::from(rows).into_params()));
+        if !live.keys.is_empty() {
+            statements.push((UPSERT_KV, live.into_params()));
         }
         if !deleted.is_empty() {
-            let keys: Vec<Vec<u8>> = deleted.into_iter().map(|(key, _)| key).collect();
-            statements.push((DELETE_KV, vec![Box::new(keys)]));
+            statements.push((DELETE_KV, vec![Box::new(deleted)]));
         }
         statements
+    }
+}
+
+/// The columns of `INSERT_LOG`.
+#[derive(Default)]
+struct Log {
+    revisions: Vec<i64>,
+    subs: Vec<i64>,
+    keys: Vec<Vec<u8>>,
+    values: Vec<Vec<u8>>,
+    create_revisions: Vec<i64>,
+    versions: Vec<i64>,
+    leases: Vec<i64>,
+    deleted: Vec<bool>,
+}
+
+impl From<Vec<LogEntry>> for Log {
+    fn from(rows: Vec<LogEntry>) -> Self {
+        let mut log = Log::default();
+        for row in rows {
+            log.revisions.push(row.kv.mod_revision);
+            log.subs.push(row.sub);
+            log.create_revisions.push(row.kv.create_revision);
+            log.versions.push(row.kv.version);
+            log.leases.push(row.kv.lease);
+            log.deleted.push(row.deleted);
+            log.keys.push(row.kv.key);
+            log.values.push(row.kv.value);
+        }
+        log
+    }
+}
+
+impl Log {
+    fn into_params(self) -> Params {
+        vec![
+            Box::new(self.revisions),
+            Box::new(self.subs),
+            Box::new(self.keys),
+            Box::new(self.values),
+            Box::new(self.create_revisions),
+            Box::new(self.versions),
+            Box::new(self.leases),
+            Box::new(self.deleted),
+        ]
+    }
+}
+
+/// The columns of `UPSERT_KV`.
+#[derive(Default)]
+struct Kv {
+    keys: Vec<Vec<u8>>,
+    values: Vec<Vec<u8>>,
+    create_revisions: Vec<i64>,
+    mod_revisions: Vec<i64>,
+    versions: Vec<i64>,
+    leases: Vec<i64>,
+}
+
+impl Kv {
+    fn push(&mut self, key: Vec<u8>, row: &LogEntry) {
+        self.keys.push(key);
+        self.values.push(row.kv.value.clone());
+        self.create_revisions.push(row.kv.create_revision);
+        self.mod_revisions.push(row.kv.mod_revision);
+        self.versions.push(row.kv.version);
+        self.leases.push(row.kv.lease);
+    }
+
+    fn into_params(self) -> Params {
+        vec![
+            Box::new(self.keys),
+            Box::new(self.values),
+            Box::new(self.create_revisions),
+            Box::new(self.mod_revisions),
+            Box::new(self.versions),
+            Box::new(self.leases),
+        ]
     }
 }
 

@@ -147,10 +147,6 @@ impl Postgres {
     pub fn set_poll_interval(&mut self, interval: Duration) {
         self.poll_interval = interval;
     }
-
-    async fn pooled(&self) -> BackendResult<Object> {
-        self.connections.pooled().await
-    }
 }
 
 /// Where connections come from: the pool, and the server's description for
@@ -210,13 +206,13 @@ impl Backend for Postgres {
     /// COMMITTED each later statement sees what they committed.
     async fn write(&self) -> BackendResult<PostgresWrite> {
         Ok(PostgresWrite::new(
-            TxnConn::new(self.pooled().await?, BEGIN_WRITE),
+            TxnConn::new(self.connections.pooled().await?, BEGIN_WRITE),
             self.notify_payload.clone(),
         ))
     }
 
     async fn size(&self) -> BackendResult<DatabaseSize> {
-        let client = self.pooled().await?;
+        let client = self.connections.pooled().await?;
         let statement = client
             .prepare_cached(
                 "SELECT pg_database_size(current_database()), \
@@ -248,7 +244,7 @@ impl Backend for Postgres {
     /// A plain VACUUM of the tables compaction deletes from, so a busy store
     /// stays the same size instead of growing until autovacuum comes by.
     async fn reclaim_compacted(&self) -> BackendResult<()> {
-        let client = self.pooled().await?;
+        let client = self.connections.pooled().await?;
         client
             .batch_execute("VACUUM log, kv")
             .await
@@ -261,7 +257,7 @@ impl Backend for Postgres {
     /// exclusive lock of VACUUM FULL, so reads and writes go on. VACUUM
     /// cannot run inside a transaction; the pooled connection is in none.
     async fn defragment(&self) -> BackendResult<()> {
-        let client = self.pooled().await?;
+        let client = self.connections.pooled().await?;
         client
             .batch_execute("VACUUM log, kv, meta, settings, lease, alarm, auth")
             .await
@@ -705,7 +701,7 @@ pub(crate) mod tests {
 
     /// Whether `backend`'s pooled connections use TLS.
     async fn encrypted(backend: &Postgres) -> bool {
-        let client = backend.pooled().await.unwrap();
+        let client = backend.connections.pooled().await.unwrap();
         let row = client
             .query_one(
                 "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
@@ -721,7 +717,7 @@ pub(crate) mod tests {
         let database = TestDatabase::new();
         let plain = database.connect().await;
         assert!(!encrypted(&plain).await, "no sslmode, no files: plain text");
-        let client = plain.pooled().await.unwrap();
+        let client = plain.connections.pooled().await.unwrap();
         let ssl: String = client.query_one("SHOW ssl", &[]).await.unwrap().get(0);
         if ssl != "on" {
             eprintln!("skipped: the test server has no TLS");
@@ -740,7 +736,7 @@ pub(crate) mod tests {
     /// Ends the sessions on `backend`'s database that `filter` (a WHERE
     /// clause on pg_stat_activity or pg_locks) picks, as a failover would.
     async fn terminate(backend: &Postgres, sql: &str) -> usize {
-        let client = backend.pooled().await.unwrap();
+        let client = backend.connections.pooled().await.unwrap();
         let rows = client.query(sql, &[]).await.unwrap();
         let pids: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
         for pid in &pids {

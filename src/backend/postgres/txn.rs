@@ -16,7 +16,7 @@ use tokio_postgres::{Row, RowStream};
 use super::key_writes::{KeyWrites, Params};
 use super::queries::revisions_from;
 use super::{Connections, db_error};
-use crate::backend::key_reads::KeyReads;
+use crate::backend::key_reads::{KeyReads, gathered_key};
 use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row};
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
@@ -478,8 +478,7 @@ impl ReadTxn for PostgresRead {
     /// one key, shared with the reads of other keys that come meanwhile.
     async fn current_range(&mut self, query: CurrentRangeQuery<'_>) -> BackendResult<CurrentRange> {
         if self.conn.is_none()
-            && query.rows
-            && let Some(key) = query.range.as_single()
+            && let Some(key) = gathered_key(&query)
         {
             let key_reads = self.key_reads.clone();
             let read_keys = async |keys: &[&[u8]]| self.conn().await?.current_keys(keys).await;
