@@ -11,7 +11,8 @@
 # every 50 ms, the number of the database's sessions waiting on a row lock
 # (PostgreSQL: pg_stat_activity wait_event_type 'Lock'; MariaDB: InnoDB
 # transactions in LOCK WAIT), averaged over the step. Every writer locks the
-# revision row (`meta`), so that average is how many writers queue on it.
+# revision row (`meta`), so that average is how many writers queue on it. And
+# the requests per commit (the mean batch, from each instance's /metrics).
 #
 # Usage: scripts/bench-instances.sh [--backend postgres|mysql] [--counts 1,2,4]
 #                                   [--duration 10s] [--clients 64] [--out DIR]
@@ -80,6 +81,14 @@ trap 'stop_all; sql "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true' EXIT
 free_port() {
     python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
 }
+# requests_and_commits URLS...: the writers' batched requests and commits so
+# far, summed over the instances (from /metrics).
+requests_and_commits() {
+    local url
+    for url in "$@"; do curl -s "$url/metrics"; done |
+        awk '/^cetera_writer_batch_requests_sum/ { r += $2 } /^cetera_writer_commits_total/ { c += $2 }
+             END { print r + 0, c + 0 }'
+}
 cpu_seconds() { # the CPU seconds (user + system) of PIDS so far
     local p
     for p in $1; do awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null; done |
@@ -92,7 +101,8 @@ step() {
     shift 3
     local ceteras=${PIDS[*]} database
     database=$(db_pids)
-    local cetera0 db0
+    local cetera0 db0 batched0
+    batched0=$(requests_and_commits "${urls[@]}")
     cetera0=$(cpu_seconds "$ceteras")
     db0=$(cpu_seconds "$database")
     # The lock-wait sampler: one count per line.
@@ -105,9 +115,11 @@ step() {
     python3 - "$label" "$count" "$OUT/$label-$count.json" "$OUT/$label-$count.waits" \
         "$(awk -v a="$cetera0" -v b="$(cpu_seconds "$ceteras")" 'BEGIN { print b - a }')" \
         "$(awk -v a="$db0" -v b="$(cpu_seconds "$database")" 'BEGIN { print b - a }')" \
+        "$batched0" "$(requests_and_commits "${urls[@]}")" \
         >>"$OUT/results.jsonl" <<'EOF'
 import json, sys
-label, count, path, waits, cetera_cpu, db_cpu = sys.argv[1:7]
+label, count, path, waits, cetera_cpu, db_cpu, batched0, batched1 = sys.argv[1:9]
+requests, commits = (int(float(b)) - int(float(a)) for a, b in zip(batched0.split(), batched1.split()))
 result = json.load(open(path))["results"][0]
 samples = [int(line) for line in open(waits) if line.strip().isdigit()]
 ops = result["count"] or 1
@@ -118,6 +130,7 @@ print(json.dumps({
     "cetera_cpu_ms_per_op": round(1000 * float(cetera_cpu) / ops, 3),
     "db_cpu_ms_per_op": round(1000 * float(db_cpu) / ops, 3),
     "lock_waiters": round(sum(samples) / len(samples), 2) if samples else None,
+    "requests_per_commit": round(requests / commits, 1) if commits else None,
 }))
 EOF
     tail -n1 "$OUT/results.jsonl" >&2
@@ -149,9 +162,10 @@ python3 - "$OUT/results.jsonl" "$BACKEND" <<'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 print(f"\n{sys.argv[2]}: instances on one database, sums over the instances\n")
-print("| step | instances | ops/s | p50 ms | p99 ms | cetera CPU ms/op | database CPU ms/op | writers waiting on a lock (mean) |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| step | instances | ops/s | p50 ms | p99 ms | cetera CPU ms/op | database CPU ms/op | writers waiting on a lock (mean) | requests per commit |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     print(f"| {r['step']} | {r['instances']} | {r['per_sec']:,} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-          f"{r['cetera_cpu_ms_per_op']:.3f} | {r['db_cpu_ms_per_op']:.3f} | {r['lock_waiters']} |")
+          f"{r['cetera_cpu_ms_per_op']:.3f} | {r['db_cpu_ms_per_op']:.3f} | {r['lock_waiters']} | "
+          f"{r['requests_per_commit'] if r['requests_per_commit'] is not None else ''} |")
 EOF

@@ -836,7 +836,8 @@ for step in rate_steps:
         continue
     limit = 0.75 if step in ("rate-100", "rate-400") else 1.0
     r = ratio(c["write_bytes"] / nc, e["write_bytes"] / ne)
-    target(f"{step}: KB written per put <= {limit}x etcd's (issue 28)", f"{fmt(r, 2)}x", r is not None and r <= limit)
+    # During the step: cetera's WAL checkpoint can come after it (scripts/bytes-at-rest.sh).
+    target(f"{step}: KB written per put during the step <= {limit}x etcd's (issue 28)", f"{fmt(r, 2)}x", r is not None and r <= limit)
     if e["fsyncs"] is not None and c["fsyncs"] is not None:
         fe, fc = e["fsyncs"] / ne, c["fsyncs"] / nc
         target(f"{step}: fsyncs per put <= etcd's (issue 28)", f"{fmt(fc, 3)} vs {fmt(fe, 3)}", fc <= fe)
