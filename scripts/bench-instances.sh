@@ -101,8 +101,9 @@ step() {
     shift 3
     local ceteras=${PIDS[*]} database
     database=$(db_pids)
-    local cetera0 db0 batched0
-    batched0=$(requests_and_commits "${urls[@]}")
+    local cetera0 db0 batched0 instances
+    IFS=, read -ra instances <<<"$endpoints"
+    batched0=$(requests_and_commits "${instances[@]}")
     cetera0=$(cpu_seconds "$ceteras")
     db0=$(cpu_seconds "$database")
     # The lock-wait sampler: one count per line.
@@ -115,7 +116,7 @@ step() {
     python3 - "$label" "$count" "$OUT/$label-$count.json" "$OUT/$label-$count.waits" \
         "$(awk -v a="$cetera0" -v b="$(cpu_seconds "$ceteras")" 'BEGIN { print b - a }')" \
         "$(awk -v a="$db0" -v b="$(cpu_seconds "$database")" 'BEGIN { print b - a }')" \
-        "$batched0" "$(requests_and_commits "${urls[@]}")" \
+        "$batched0" "$(requests_and_commits "${instances[@]}")" \
         >>"$OUT/results.jsonl" <<'EOF'
 import json, sys
 label, count, path, waits, cetera_cpu, db_cpu, batched0, batched1 = sys.argv[1:9]

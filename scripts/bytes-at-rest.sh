@@ -56,7 +56,6 @@ for step in "${steps[@]}"; do
         mkdir -p "$dir"
         port=$(free_port)
         mapfile -d "" server_cmd < <(server_command "$kind" "$dir" "$port")
-        # shellcheck disable=SC2086
         python3 - "$BENCH" "http://127.0.0.1:$port" "$step" "$kind" "$dir/log" \
             "put ${LOAD[$step]} --key-space 5000 --val-size 1024 --duration $DURATION" \
             "${server_cmd[@]}" <<'EOF'
@@ -79,7 +78,7 @@ try:
     in_step = write_bytes(proc.pid) - before
 finally:
     proc.send_signal(signal.SIGTERM)
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, _, usage = os.wait4(proc.pid, 0)
 at_rest = usage.ru_oublock * 512 - before
 puts = json.loads(result.stdout)["results"][0]["count"]
 print(f"| {step} | {kind} | {puts:,} | {in_step / puts / 1024:.2f} | {at_rest / puts / 1024:.2f} |")
