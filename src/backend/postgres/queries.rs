@@ -105,13 +105,14 @@ static COUNT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     all
 });
 
-/// `ReadTxn::keys_at`: each key's last log row at or below the revision,
-/// unless that row deleted it. Parameters: $1 the keys, $2 the revision.
-/// `TxnConn::current_keys`.
+/// `TxnConn::current_keys`: the counters' row left-joined with the current
+/// rows of the keys. Parameters: $1 the keys.
 const CURRENT_KEYS_SQL: &str = "SELECT m.revision, m.compact_revision, m.compacted_through, \
        kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease \
      FROM meta AS m LEFT JOIN kv ON kv.key = ANY($1) WHERE m.id = 1";
 
+/// `ReadTxn::keys_at`: each key's last log row at or below the revision,
+/// unless that row deleted it. Parameters: $1 the keys, $2 the revision.
 const KEYS_AT_SQL: &str = "SELECT key, value, create_revision, revision, version, lease FROM (\
        SELECT DISTINCT ON (key) key, value, create_revision, revision, version, lease, deleted \
        FROM log WHERE key = ANY($1) AND revision <= $2 \
