@@ -1,7 +1,8 @@
 //! Several cetera instances on one shared database (PostgreSQL or MySQL):
 //! revisions stay dense and ordered, every instance's watchers see every
 //! instance's writes in order (and soon: what an instance reports, its
-//! watchers deliver), and killing one instance loses no acknowledged write.
+//! watchers deliver), killing one instance loses no acknowledged write, and
+//! writes queued while another commit holds the lock share one commit.
 //! Runs when CETERA_TEST_BACKEND is postgres or mysql.
 
 mod common;
@@ -560,4 +561,101 @@ async fn a_later_watcher_gets_what_an_unwatched_instance_skipped() {
     let seen_b = watch_with_prev(t.b.endpoint(), t.start).await;
     assert_eq!(seen_a, seen_b, "watchers on A and B disagree");
     assert_eq!(summary(&seen_b), expected_summary());
+}
+
+/// A connection of the test's own, in a transaction holding the `meta` row
+/// lock that every instance's commit takes first: another instance's commit
+/// in progress, for as long as the test likes.
+enum MetaLock {
+    Postgres(tokio_postgres::Client),
+    Mysql(mysql_async::Conn),
+}
+
+const LOCK_META: &str = "SELECT revision FROM meta WHERE id = 1 FOR UPDATE";
+
+impl MetaLock {
+    async fn take(datastore: &str) -> MetaLock {
+        use mysql_async::prelude::Queryable;
+        match test_backend() {
+            TestBackend::Postgres => {
+                let (client, connection) =
+                    tokio_postgres::connect(datastore, tokio_postgres::NoTls)
+                        .await
+                        .unwrap();
+                tokio::spawn(connection);
+                client.batch_execute("BEGIN").await.unwrap();
+                client.execute(LOCK_META, &[]).await.unwrap();
+                MetaLock::Postgres(client)
+            }
+            TestBackend::Mysql => {
+                let opts = mysql_async::Opts::from_url(datastore).unwrap();
+                let mut conn = mysql_async::Conn::new(opts).await.unwrap();
+                conn.query_drop("START TRANSACTION").await.unwrap();
+                conn.query_drop(LOCK_META).await.unwrap();
+                MetaLock::Mysql(conn)
+            }
+            TestBackend::Sqlite => unreachable!("only a shared database has a meta lock"),
+        }
+    }
+
+    async fn release(self) {
+        use mysql_async::prelude::Queryable;
+        match self {
+            MetaLock::Postgres(client) => client.batch_execute("ROLLBACK").await.unwrap(),
+            MetaLock::Mysql(mut conn) => {
+                conn.query_drop("ROLLBACK").await.unwrap();
+                conn.disconnect().await.unwrap();
+            }
+        }
+    }
+}
+
+/// The value of the unlabelled series `name` in the server's /metrics.
+async fn metric(server: &Cetera, name: &str) -> f64 {
+    let (status, body) = common::http::get(&server.addr(), "/metrics").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// Writes that queue while another instance's commit holds the lock join
+/// the commit that waited for it, once it has the lock: one commit for all
+/// of them, not one for the first and one for the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_behind_the_lock_share_one_commit() {
+    if !shared_backend() {
+        return;
+    }
+    const WRITES: usize = 16;
+    let a = Cetera::start().await;
+    let client = Client::connect([a.endpoint()], None).await.unwrap();
+    let start = current_revision(&mut client.clone()).await;
+    let commits = metric(&a, "cetera_writer_commits_total").await;
+
+    let lock = MetaLock::take(a.datastore_endpoint()).await;
+    let puts: Vec<_> = (0..WRITES)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move { client.put(format!("/queued/{i}"), "v", None).await })
+        })
+        .collect();
+    // Time for every put to reach the writer: the first waits for the
+    // lock in a transaction, the others in the queue.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    lock.release().await;
+    let mut revisions = Vec::new();
+    for put in puts {
+        revisions.push(put.await.unwrap().unwrap().header().unwrap().revision());
+    }
+    revisions.sort();
+    assert_eq!(
+        revisions,
+        (start + 1..=start + WRITES as i64).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        metric(&a, "cetera_writer_commits_total").await - commits,
+        1.0,
+        "the writes queued behind the lock were committed apart"
+    );
 }

@@ -18,7 +18,8 @@ use super::range::check_revision;
 use super::request::{AuthWrite, Queued, WriteRequest, WriteResponse};
 use crate::backend::settings;
 use crate::backend::{
-    AlarmRow, Backend, DiskFull, ReadAhead, ReadTxn, Revisions, Unavailable, WriteTxn,
+    AlarmRow, Backend, BackendResult, DiskFull, ReadAhead, ReadTxn, Revisions, Unavailable,
+    WriteTxn,
 };
 use crate::metrics::metrics;
 use crate::proto::etcdserverpb::{CompactionResponse, PutRequest, ResponseHeader, TxnRequest};
@@ -92,6 +93,9 @@ async fn run<B: Backend>(
             (Some(sender), Some(task))
         }
     };
+    // On a shared database the lock wait is where requests pile up: they
+    // join the batch once the lock is held (see `commit`).
+    let joins_at_lock = !backend.is_only_writer();
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while next_batch(&mut queue, &mut batch, deadlines.as_deref()).await {
         if let Some(answers) = deadlines.as_ref().and_then(|d| d.renew(&batch)) {
@@ -105,7 +109,8 @@ async fn run<B: Backend>(
         let stored = deadlines
             .as_ref()
             .map(|d| d.to_store(&batch, apply::now_ms()));
-        match commit(&*backend, &mut batch, stored.as_ref()).await {
+        let late = joins_at_lock.then_some(&mut queue);
+        match commit(&*backend, &mut batch, stored.as_ref(), late).await {
             Ok((answers, now, committed)) => {
                 if let (Some(deadlines), Some(stored)) = (&deadlines, stored) {
                     deadlines.committed(stored, &batch, &answers);
@@ -234,17 +239,31 @@ type Committed = (
 );
 
 /// `stored` (moved lease deadlines) is written first, so that the requests
-/// see them.
+/// see them. With `late`, the requests that queued while the transaction
+/// waited for the counters' lock join `batch` once it holds it: on a shared
+/// database that wait is another instance's commit, and without them each
+/// instance's commit would carry about half of its clients' requests (see
+/// BENCHMARKS.md, "Why two instances do less than one").
 async fn commit<B: Backend>(
     backend: &B,
-    batch: &mut [Queued],
+    batch: &mut Vec<Queued>,
     stored: Option<&lease_deadlines::Stored>,
+    late: Option<&mut mpsc::Receiver<Queued>>,
 ) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
     if backend.reads_ahead() {
-        let ahead = read_ahead(batch);
-        if !ahead.is_empty() {
-            txn.read_ahead(&ahead).await?;
+        read_ahead_of(&mut txn, batch).await?;
+    }
+    if let Some(queue) = late {
+        txn.revisions().await?;
+        let joined = batch.len();
+        while batch.len() < MAX_BATCH
+            && let Ok(queued) = queue.try_recv()
+        {
+            batch.push(queued);
+        }
+        if backend.reads_ahead() {
+            read_ahead_of(&mut txn, &batch[joined..]).await?;
         }
     }
     if let Some(stored) = stored {
@@ -288,6 +307,15 @@ async fn commit<B: Backend>(
     }
     txn.commit().await?;
     Ok((answers, revs, committed))
+}
+
+/// Reads ahead what the requests of `batch` will read, if anything.
+async fn read_ahead_of<T: WriteTxn>(txn: &mut T, batch: &[Queued]) -> BackendResult<()> {
+    let ahead = read_ahead(batch);
+    if ahead.is_empty() {
+        return Ok(());
+    }
+    txn.read_ahead(&ahead).await
 }
 
 /// The single keys and the leases the requests of `batch` read first, so

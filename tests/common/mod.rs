@@ -18,6 +18,7 @@
 //! - `cluster`: a replicated cetera cluster, with fault proxies between members.
 //! - `etcd_cluster`: a real etcd cluster of N members.
 //! - `fault_proxy`: a TCP proxy that can cut, block or slow a link.
+//! - `http`: plain HTTP/1.1 GETs, for metrics and health endpoints.
 //! - `certs`: test CA and certificates.
 //! - `linearizability`: a linearizability checker for recorded histories.
 //! - `migration`: helpers of the `cetera migrate` tests.
@@ -38,6 +39,7 @@ pub mod etcd_cluster;
 pub mod etcd_server;
 pub mod etcdctl;
 pub mod fault_proxy;
+pub mod http;
 pub mod kv_fixtures;
 pub mod linearizability;
 pub mod migration;
