@@ -1,7 +1,8 @@
 //! The single writer: drains queued write requests, applies them in order in
 //! one database transaction (each request its own revision, later requests
 //! seeing earlier ones), commits once, then answers them all. One commit, and
-//! so one fsync, for every request that queued up while the last one ran.
+//! so one fsync, for every request that queued up while the last one ran
+//! (on a shared database, and while this one waited for the lock).
 
 use std::sync::Arc;
 
@@ -255,6 +256,7 @@ async fn commit<B: Backend>(
         read_ahead_of(&mut txn, batch).await?;
     }
     if let Some(queue) = late {
+        // Locks the counters, if reading ahead did not: the wait is over.
         txn.revisions().await?;
         let joined = batch.len();
         while batch.len() < MAX_BATCH
