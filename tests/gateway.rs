@@ -606,6 +606,15 @@ async fn idle_connections_and_a_stalled_watch_leave_the_server_serving() {
         }
         idle.push(socket);
     }
+    // About 10-14 MiB measured (2026-12-04); a connection that kept a
+    // buffer of its own for long would show here first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let idle_grown = rss_bytes(pid).saturating_sub(before);
+    assert!(
+        idle_grown < 64 * 1024 * 1024,
+        "1000 idle connections grew the server by {} MiB",
+        idle_grown / (1024 * 1024)
+    );
     // A watch whose answers nobody reads, on a key that then gets 20 MB.
     let stalled = target
         .send(
@@ -639,9 +648,13 @@ async fn idle_connections_and_a_stalled_watch_leave_the_server_serving() {
         .await;
     assert_eq!(range.json()["kvs"][0]["value"], "c3RpbGw=");
 
+    // The puts alone fill caches (SQLite's pages, the watch window, the
+    // allocator's free pages): 120-160 MiB measured on all three backends,
+    // with the stalled watch or without it (2026-12-04), so the bound is
+    // for growth far past that.
     let grown = rss_bytes(pid).saturating_sub(before);
     assert!(
-        grown < 150 * 1024 * 1024,
+        grown < 256 * 1024 * 1024,
         "the server grew by {} MiB",
         grown / (1024 * 1024)
     );
