@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,67 +14,8 @@ use cetera::proto::etcdserverpb::{
     CompactionRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, PutRequest,
     RangeRequest, WatchCreateRequest, kv_client::KvClient, lease_client::LeaseClient,
 };
-use common::http::get;
+use common::http::{Scrape, get, scrape};
 use common::{Cetera, Etcd, WatchStream};
-
-/// One scrape of /metrics, parsed: series name with sorted labels to value.
-#[derive(Debug)]
-struct Scrape(Vec<(String, BTreeMap<String, String>, f64)>);
-
-impl Scrape {
-    /// Parses Prometheus' text format (the subset the server writes: no
-    /// escaped quotes or commas inside label values, no timestamps).
-    fn parse(text: &str) -> Scrape {
-        let mut series = Vec::new();
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (name_labels, value) = line.rsplit_once(' ').expect("name and value");
-            let (name, labels) = match name_labels.split_once('{') {
-                Some((name, labels)) => (name, labels.trim_end_matches('}')),
-                None => (name_labels, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|pair| !pair.is_empty())
-                .map(|pair| {
-                    let (key, value) = pair.split_once('=').expect("label=value");
-                    (key.to_string(), value.trim_matches('"').to_string())
-                })
-                .collect();
-            let value = match value {
-                "+Inf" => f64::INFINITY,
-                value => value.parse().expect("a number"),
-            };
-            series.push((name.to_string(), labels, value));
-        }
-        Scrape(series)
-    }
-
-    /// The sum of the series called `name` whose labels include `labels`.
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.0
-            .iter()
-            .filter(|(n, l, _)| {
-                n == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-            })
-            .map(|(_, _, value)| value)
-            .sum()
-    }
-
-    /// `grpc_server_handled_total` of `method` with `code`.
-    fn handled(&self, method: &str, code: &str) -> f64 {
-        self.value(
-            "grpc_server_handled_total",
-            &[("grpc_method", method), ("grpc_code", code)],
-        )
-    }
-}
 
 #[test]
 fn scrape_parser() {
@@ -94,12 +34,6 @@ async fn start() -> (Cetera, String) {
     let address = format!("127.0.0.1:{}", common::free_port());
     let cetera = Cetera::start_with(&["--metrics-address", &address]).await;
     (cetera, address)
-}
-
-async fn scrape(address: &str) -> Scrape {
-    let (status, body) = get(address, "/metrics").await.expect("scrape /metrics");
-    assert_eq!(status, 200, "{body}");
-    Scrape::parse(&body)
 }
 
 /// Scrapes until `done` holds of a scrape, for at most 10 s: the gauges of a

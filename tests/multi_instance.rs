@@ -610,13 +610,9 @@ impl MetaLock {
     }
 }
 
-/// The value of the unlabelled series `name` in the server's /metrics.
+/// The value of the series `name` in the server's /metrics.
 async fn metric(server: &Cetera, name: &str) -> f64 {
-    let (status, body) = common::http::get(&server.addr(), "/metrics").await.unwrap();
-    assert_eq!(status, 200, "{body}");
-    body.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    common::http::scrape(&server.addr()).await.value(name, &[])
 }
 
 /// Writes that queue while another instance's commit holds the lock join

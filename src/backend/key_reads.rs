@@ -311,6 +311,16 @@ mod tests {
         answers
     }
 
+    /// `read_all` on a task of its own.
+    fn spawn_read_all(
+        reads: &Arc<KeyReads>,
+        statements: &Arc<AtomicUsize>,
+        keys: &'static [&'static str],
+    ) -> tokio::task::JoinHandle<Vec<Result<Vec<u8>, String>>> {
+        let (reads, statements) = (reads.clone(), statements.clone());
+        tokio::spawn(async move { read_all(&reads, &statements, keys).await })
+    }
+
     // Paused time: a statement takes 20 ms exactly, and reads spawned
     // together come at the same instant.
     #[tokio::test(start_paused = true)]
@@ -351,10 +361,7 @@ mod tests {
                 reads.read(b"a", read_keys).await
             }
         });
-        let waiting = tokio::spawn({
-            let (reads, statements) = (reads.clone(), statements.clone());
-            async move { read_all(&reads, &statements, &["c"]).await }
-        });
+        let waiting = spawn_read_all(&reads, &statements, &["c"]);
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(reads.state.lock().unwrap().waiting.len(), 1, "c waits");
         leader.abort();
@@ -369,10 +376,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_read_beside_a_slow_statement_starts_a_second() {
         let (reads, statements) = (Arc::new(KeyReads::default()), Arc::<AtomicUsize>::default());
-        let slow = tokio::spawn({
-            let (reads, statements) = (reads.clone(), statements.clone());
-            async move { read_all(&reads, &statements, &["a"]).await }
-        });
+        let slow = spawn_read_all(&reads, &statements, &["a"]);
         // `a`'s statement has run 5 ms of its 20, more than SECOND_STATEMENT_AFTER.
         tokio::time::sleep(Duration::from_millis(5)).await;
         let begun = Instant::now();
@@ -392,10 +396,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_read_cancelled_with_the_turn_hands_it_on() {
         let (reads, statements) = (Arc::new(KeyReads::default()), Arc::<AtomicUsize>::default());
-        let leader = tokio::spawn({
-            let (reads, statements) = (reads.clone(), statements.clone());
-            async move { read_all(&reads, &statements, &["a"]).await }
-        });
+        let leader = spawn_read_all(&reads, &statements, &["a"]);
         tokio::task::yield_now().await;
         // `b` comes while `a` runs, and waits.
         let read_b = async |keys: &[&[u8]]| read_keys(&statements, keys).await;
