@@ -77,7 +77,8 @@ async fn acknowledged_writes_survive_kill_9() {
 }
 
 /// SIGTERM stops the server cleanly: in-flight writes are answered or
-/// refused, never half-done, and the process exits with status 0.
+/// refused, never half-done, nothing is left to warn about, and the process
+/// exits with status 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_shuts_down_cleanly() {
     let mut server = Cetera::start().await;
@@ -106,6 +107,17 @@ async fn sigterm_shuts_down_cleanly() {
         server.log()
     );
     let acked = writer.await.unwrap();
+    // The store is shut down in order (queued writes answered, the batch
+    // applied) rather than left to be dropped with the process.
+    let log = server.last_log();
+    let stopping = log
+        .find("shutdown signal received")
+        .expect("the server logs the signal");
+    assert!(
+        !log[stopping..].contains("WARN"),
+        "a clean stop warned:\n{}",
+        &log[stopping..]
+    );
 
     server.restart().await;
     let mut client = Client::connect([server.endpoint()], None).await.unwrap();

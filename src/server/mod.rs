@@ -331,9 +331,15 @@ async fn serve<B: Backend>(
             },
         }
     }
-    for task in metrics_listeners {
+    for task in &metrics_listeners {
         task.abort();
     }
+    for task in metrics_listeners {
+        let _ = task.await;
+    }
+    // The services hold the store; `shutdown` below needs it alone.
+    drop(routes);
+    drop(gateway);
     if let Some(readiness) = &serving.readiness {
         readiness.stopping();
     }

@@ -215,6 +215,12 @@ impl Cetera {
         self.proc.as_ref().map(Proc::log_text).unwrap_or_default()
     }
 
+    /// Everything the last run printed, also once it has stopped.
+    pub fn last_log(&self) -> String {
+        let log = self.dir.path().join(format!("cetera-{}.log", self.runs));
+        std::fs::read_to_string(log).unwrap_or_default()
+    }
+
     /// SIGKILL, no chance to flush or clean up: simulates a crash.
     pub fn kill(&mut self) {
         if let Some(mut p) = self.proc.take() {
