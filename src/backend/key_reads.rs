@@ -26,6 +26,7 @@ use std::sync::Mutex;
 use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
 
+use super::rows::{Columns, ColumnsFrom, kv_from_row, revisions_from_row};
 use super::{CurrentRange, CurrentRangeQuery, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
@@ -79,9 +80,30 @@ pub(crate) fn gathered_key<'a>(query: &CurrentRangeQuery<'a>) -> Option<&'a [u8]
         .filter(|_| query.rows && !query.keys_only)
 }
 
+/// The read of each of `keys`, in their order, from the rows of one
+/// statement that selects the counters and then a key's columns, null
+/// where the counters' row joined no key (`None`: it returned no row, so the
+/// counters' row is missing).
+pub(crate) fn reads_from_rows<R: Columns>(
+    keys: &[&[u8]],
+    rows: &[R],
+) -> Result<Option<Vec<KeyRead>>, R::Error> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let revisions = revisions_from_row(first)?;
+    let mut found = Vec::with_capacity(rows.len());
+    for row in rows {
+        if row.column::<Option<Vec<u8>>>(3)?.is_some() {
+            found.push(kv_from_row(&ColumnsFrom { row, first: 3 })?);
+        }
+    }
+    Ok(Some(reads_of(keys, revisions, found)))
+}
+
 /// The read of each of `keys`, in their order, from the counters and the
 /// rows one statement found.
-pub(crate) fn reads_of(keys: &[&[u8]], revisions: Revisions, found: Vec<KeyValue>) -> Vec<KeyRead> {
+fn reads_of(keys: &[&[u8]], revisions: Revisions, found: Vec<KeyValue>) -> Vec<KeyRead> {
     let found: HashMap<&[u8], &KeyValue> = found.iter().map(|kv| (kv.key.as_slice(), kv)).collect();
     keys.iter()
         .map(|key| KeyRead {

@@ -7,7 +7,7 @@ use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Params, Row, Value, from_row_opt};
 
 use super::db_error;
-use crate::backend::key_reads::{KeyRead, reads_of};
+use crate::backend::key_reads::{KeyRead, reads_from_rows};
 use crate::backend::rows::{
     Column, Columns, ColumnsFrom, alarm_from_row, auth_record_from_row, kv_from_row,
     lease_from_row, log_entry_from_row, revisions_from_row,
@@ -255,15 +255,7 @@ pub(super) async fn query_current_keys(
         }
     };
     let decode = || -> anyhow::Result<Vec<KeyRead>> {
-        let first = rows.first().context("the meta table has no row")?;
-        let revisions = revisions_from_row(first)?;
-        let mut found = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if row.column::<Option<Vec<u8>>>(3)?.is_some() {
-                found.push(kv_from_row(&ColumnsFrom { row, first: 3 })?);
-            }
-        }
-        Ok(reads_of(keys, revisions, found))
+        reads_from_rows(keys, &rows)?.context("the meta table has no row")
     };
     decode().map_err(|error| mysql_async::Error::Other(error.into()))
 }

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::txn::TxnConn;
-use crate::backend::key_reads::{KeyRead, reads_of};
+use crate::backend::key_reads::{KeyRead, reads_from_rows};
 use crate::backend::rows::{
     Column, Columns, ColumnsFrom, alarm_from_row, auth_record_from_row, kv_from_row,
     lease_from_row, log_entry_from_row, revisions_from_row,
@@ -287,16 +287,7 @@ impl TxnConn {
         let begin = self.begin.take();
         let rows = self.query(CURRENT_KEYS_SQL, &[&keys]).await;
         self.begin = begin;
-        let rows = rows?;
-        let first = rows.first().context("the meta row is missing")?;
-        let revisions = revisions_from_row(first)?;
-        let mut found = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if row.try_get::<_, Option<Vec<u8>>>(3)?.is_some() {
-                found.push(kv_from_row(&ColumnsFrom { row, first: 3 })?);
-            }
-        }
-        Ok(reads_of(keys, revisions, found))
+        reads_from_rows(keys, &rows?)?.context("the meta row is missing")
     }
 
     pub(super) async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
