@@ -77,11 +77,23 @@ async fn acknowledged_writes_survive_kill_9() {
 }
 
 /// SIGTERM stops the server cleanly: in-flight writes are answered or
-/// refused, never half-done, nothing is left to warn about, and the process
-/// exits with status 0.
+/// refused, never half-done, nothing is left to warn about (a metrics
+/// scraper's open connection included), and the process exits with status 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_shuts_down_cleanly() {
-    let mut server = Cetera::start().await;
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let mut server =
+        Cetera::start_with(&["--listen-metrics-urls", &format!("http://{metrics}")]).await;
+    // A scraper's kept-alive connection to the metrics listener.
+    let mut scraper = tokio::net::TcpStream::connect(&metrics).await.unwrap();
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = format!("GET /health HTTP/1.1\r\nHost: {metrics}\r\n\r\n");
+        scraper.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = [0; 12];
+        scraper.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200");
+    }
     let mut client = Client::connect([server.endpoint()], None).await.unwrap();
     for i in 0..20 {
         client.put(format!("k{i}"), "v", None).await.unwrap();
@@ -118,6 +130,8 @@ async fn sigterm_shuts_down_cleanly() {
         "a clean stop warned:\n{}",
         &log[stopping..]
     );
+
+    drop(scraper);
 
     server.restart().await;
     let mut client = Client::connect([server.endpoint()], None).await.unwrap();

@@ -237,12 +237,14 @@ fn etcd_message_size_error<B>(mut response: http::Response<B>) -> http::Response
 const METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Starts etcd's `--listen-metrics-urls` listeners (/metrics and the health
-/// checks, HTTP/1.1; https ones with the client TLS settings). The tasks run
-/// until aborted.
+/// checks, HTTP/1.1; https ones with the client TLS settings). A task ends
+/// once `stopped` turns true, after its connections have ended (they hold
+/// the store, which is shut down only once nothing does).
 pub async fn serve_metrics<B: Backend>(
     config: &Config,
     tls: Option<&Arc<rustls::ServerConfig>>,
     endpoints: MetricsEndpoints<B>,
+    stopped: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let mut tasks = Vec::new();
     for url in &config.listen_metrics_urls {
@@ -263,15 +265,23 @@ pub async fn serve_metrics<B: Backend>(
             .with_context(|| format!("cannot listen on {url}"))?;
         tracing::info!(address = %url, "serving metrics");
         let endpoints = endpoints.clone();
+        let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
             loop {
-                let Ok((socket, _)) = listener.accept().await else {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    _ = stopped.wait_for(|stop| *stop) => break,
+                    // Forget the connections that have ended.
+                    Some(_) = connections.join_next() => continue,
+                };
+                let Ok((socket, _)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };
                 let endpoints = endpoints.clone();
                 let acceptor = acceptor.clone();
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     match acceptor {
                         None => serve_metrics_connection(socket, endpoints).await,
                         Some(acceptor) => {
@@ -287,6 +297,7 @@ pub async fn serve_metrics<B: Backend>(
                     }
                 });
             }
+            connections.shutdown().await;
         }));
     }
     Ok(tasks)

@@ -298,8 +298,13 @@ async fn serve<B: Backend>(
             .into_axum_router()
             .fallback_service(gateway.clone()),
     );
-    let metrics_listeners =
-        listeners::serve_metrics(&config, serving.tls.as_ref(), gateway.metrics_only()).await?;
+    let metrics_listeners = listeners::serve_metrics(
+        &config,
+        serving.tls.as_ref(),
+        gateway.metrics_only(),
+        stop_streams.clone(),
+    )
+    .await?;
 
     let require_leader = RequireLeaderLayer::new(cluster.clone());
     let mut servers = tokio::task::JoinSet::new();
@@ -331,9 +336,7 @@ async fn serve<B: Backend>(
             },
         }
     }
-    for task in &metrics_listeners {
-        task.abort();
-    }
+    let _ = stopping.send(true);
     for task in metrics_listeners {
         let _ = task.await;
     }
