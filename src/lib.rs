@@ -36,6 +36,8 @@
 //!   `maintenance`, `cluster`, `auth`, `lock`, `election`): validation,
 //!   limits, etcd's errors, header ids (`mod.rs`). Beside them:
 //!   `prefix_queue.rs` (the waiting line of Lock and Election),
+//!   `require_leader.rs` (etcd's `hasleader` metadata: calls and streams
+//!   that fail on a member without a leader),
 //!   `downgrade.rs` and `status_fields.rs` (what Maintenance answers per
 //!   emulated version), `version.rs` (major.minor of a version),
 //!   `go_decode.rs` (a Go server's error for an undecodable WatchRequest).
