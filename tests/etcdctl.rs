@@ -43,6 +43,36 @@ async fn etcdctl_34_matches_etcd() {
     run_scenario("etcdctl 3.4", etcdctl).await;
 }
 
+/// `etcdctl check datascale`, from etcd's runbook for sizing a server: it reads the
+/// server's memory from /metrics on the client URL (`process_resident_memory_bytes`, as
+/// etcd exports it) before and after writing 10k keys of 1 KiB, then deletes them. A
+/// check, not a comparison: its figures are the machine's.
+#[tokio::test]
+async fn etcdctl_check_datascale_passes() {
+    let Some(etcdctl) = common::etcdctl_35() else {
+        return;
+    };
+    let cetera = Cetera::start().await;
+    let check = common::run_etcdctl(
+        &etcdctl,
+        &cetera.addr(),
+        &["check", "datascale", "--load", "s"],
+    );
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && stdout.contains("PASS: Approximate system memory used"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let left = common::run_etcdctl(
+        &etcdctl,
+        &cetera.addr(),
+        &["get", "", "--from-key", "--count-only", "-w", "fields"],
+    );
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(left.contains("\"Count\" : 0"), "keys left behind: {left}");
+}
+
 /// Starts both servers and runs every command group in order; the groups build on each
 /// other's data.
 async fn run_scenario(label: &str, etcdctl: PathBuf) {

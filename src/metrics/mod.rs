@@ -189,7 +189,7 @@ impl Metrics {
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -209,6 +209,10 @@ impl Metrics {
             Box::new(metrics.has_leader.clone()),
             Box::new(metrics.leader_changes.clone()),
             Box::new(metrics.is_leader.clone()),
+            // process_resident_memory_bytes, process_cpu_seconds_total,
+            // process_open_fds...: what etcd's Go client exports and
+            // etcd's dashboards and `etcdctl check datascale` read.
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];
         for collector in collectors {
             metrics
@@ -268,6 +272,8 @@ mod tests {
             "etcd_disk_backend_commit_duration_seconds_count",
             "etcd_debugging_mvcc_watcher_total",
             "etcd_server_has_leader 1",
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
