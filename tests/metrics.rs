@@ -401,3 +401,49 @@ async fn plain_logs_to_a_file_have_no_colour_codes() {
     assert!(log.contains("serving the etcd API"), "{log}");
     assert!(!log.contains('\x1b'), "escape codes in {log:?}");
 }
+
+/// The quota etcd's alert on database size divides by, and on SQLite the
+/// record log's syncs where etcd's dashboards look for its WAL's.
+#[tokio::test]
+async fn quota_and_wal_fsyncs_as_etcd_names_them() {
+    let address = format!("127.0.0.1:{}", common::free_port());
+    let cetera = Cetera::start_with(&[
+        "--metrics-address",
+        &address,
+        "--quota-backend-bytes",
+        "123456789",
+    ])
+    .await;
+    let mut client = etcd_client::Client::connect([cetera.endpoint()], None)
+        .await
+        .unwrap();
+    let before = scrape(&address).await;
+    for i in 0..5 {
+        client.put(format!("k{i}"), "v", None).await.unwrap();
+    }
+    let after = scrape(&address).await;
+    assert_eq!(
+        after.value("etcd_server_quota_backend_bytes", &[]),
+        123_456_789.0
+    );
+    let syncs = |s: &Scrape| s.value("etcd_disk_wal_fsync_duration_seconds_count", &[]);
+    if common::datastore::test_backend() == common::datastore::TestBackend::Sqlite {
+        // One sync of the record log per acknowledged put, one at a time.
+        assert_eq!(syncs(&after) - syncs(&before), 5.0);
+    } else {
+        // The database server syncs its own log.
+        assert_eq!(syncs(&after), 0.0);
+    }
+}
+
+/// etcd's default quota, when the flag is not given.
+#[tokio::test]
+async fn quota_defaults_to_etcds() {
+    let (_cetera, address) = start().await;
+    assert_eq!(
+        scrape(&address)
+            .await
+            .value("etcd_server_quota_backend_bytes", &[]),
+        2_147_483_648.0
+    );
+}

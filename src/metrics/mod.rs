@@ -61,6 +61,12 @@ pub struct Metrics {
     /// Leaders a cluster member has seen come (etcd:
     /// etcd_server_leader_changes_seen_total).
     pub leader_changes: IntCounter,
+    /// The quota writes are checked against (etcd:
+    /// etcd_server_quota_backend_bytes).
+    pub quota_backend_bytes: IntGauge,
+    /// How long each sync of the record log took, SQLite's counterpart of
+    /// etcd's WAL (etcd: etcd_disk_wal_fsync_duration_seconds).
+    pub wal_fsync_seconds: Histogram,
 }
 
 /// The process-wide metrics.
@@ -185,11 +191,24 @@ impl Metrics {
                 "The number of leader changes seen.",
             )
             .expect("valid metric"),
+            quota_backend_bytes: IntGauge::new(
+                "etcd_server_quota_backend_bytes",
+                "Current backend storage quota size in bytes.",
+            )
+            .expect("valid metric"),
+            wal_fsync_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "etcd_disk_wal_fsync_duration_seconds",
+                    "The latency distributions of fsync called by WAL.",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 14).expect("valid buckets")),
+            )
+            .expect("valid metric"),
             registry,
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 22] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -209,6 +228,8 @@ impl Metrics {
             Box::new(metrics.has_leader.clone()),
             Box::new(metrics.leader_changes.clone()),
             Box::new(metrics.is_leader.clone()),
+            Box::new(metrics.quota_backend_bytes.clone()),
+            Box::new(metrics.wal_fsync_seconds.clone()),
             // process_resident_memory_bytes, process_cpu_seconds_total,
             // process_open_fds...: what etcd's Go client exports and
             // etcd's dashboards and `etcdctl check datascale` read.
@@ -274,6 +295,8 @@ mod tests {
             "etcd_server_has_leader 1",
             "process_resident_memory_bytes",
             "process_cpu_seconds_total",
+            "etcd_server_quota_backend_bytes",
+            "etcd_disk_wal_fsync_duration_seconds_bucket",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

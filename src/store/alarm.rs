@@ -15,6 +15,7 @@ use tokio::sync::Mutex;
 use super::error::{StoreError, StoreResult};
 use super::request::{AlarmChange, WriteRequest};
 use crate::backend::{AlarmRow, Backend, WriteTxn};
+use crate::metrics::metrics;
 use crate::proto::etcdserverpb::request_op::Request;
 use crate::proto::etcdserverpb::{AlarmType, PutRequest, RequestOp, TxnRequest};
 
@@ -91,6 +92,13 @@ impl Quota {
                 Some(bytes)
             }
         };
+        // As etcd: the flag's value, or the default it stands for.
+        metrics()
+            .quota_backend_bytes
+            .set(match quota_backend_bytes {
+                0 => DEFAULT_QUOTA_BYTES,
+                bytes => bytes,
+            });
         Quota {
             limit,
             disk_full: AtomicBool::new(false),

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use crate::backend::{LeaseRow, LogEntry, Revisions};
+use crate::metrics::metrics;
 use crate::proto::mvccpb::KeyValue;
 
 /// The page cache's page, and the file system's block: what an fdatasync
@@ -287,7 +288,11 @@ impl RecordLog {
                 .write_all_at(&frame[written..written + piece as usize], offset)?;
             written += piece as usize;
         }
+        let syncing = std::time::Instant::now();
         self.file.sync_data()?;
+        metrics()
+            .wal_fsync_seconds
+            .observe(syncing.elapsed().as_secs_f64());
         self.end = at + frame.len() as u64;
         self.frames += 1;
         Ok(true)
