@@ -54,6 +54,34 @@ async fn keys_on(cluster: &Cluster, i: usize, prefix: &str) -> Vec<String> {
     shown(resp.kvs())
 }
 
+/// Each member's /metrics (on its client port) as etcd's: one leader, every
+/// member with a leader, and the Raft log's durable appends where etcd's
+/// dashboards look for its WAL's fsyncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_export_etcds_metrics() {
+    let cluster = Cluster::start(3).await;
+    cluster.leader(&[], Duration::from_secs(5)).await;
+    let mut c = client(&cluster.endpoints()).await;
+    for i in 0..3 {
+        c.put(format!("m{i}"), "v", None).await.unwrap();
+    }
+    let mut leaders = 0.0;
+    for (i, member) in cluster.members.iter().enumerate() {
+        let scrape = common::http::scrape(&member.addr()).await;
+        assert_eq!(
+            scrape.value("etcd_server_has_leader", &[]),
+            1.0,
+            "member {i}"
+        );
+        leaders += scrape.value("etcd_server_is_leader", &[]);
+        assert!(
+            scrape.value("etcd_disk_wal_fsync_duration_seconds_count", &[]) >= 3.0,
+            "member {i}: {scrape:?}"
+        );
+    }
+    assert_eq!(leaders, 1.0);
+}
+
 /// Key-values shown with every field: key, value, create, mod, version, lease.
 fn shown(kvs: &[etcd_client::KeyValue]) -> Vec<String> {
     kvs.iter()
