@@ -78,8 +78,25 @@ async fn members_export_etcds_metrics() {
             scrape.value("etcd_disk_wal_fsync_duration_seconds_count", &[]) >= 3.0,
             "member {i}: {scrape:?}"
         );
+        assert!(
+            scrape.value("etcd_server_proposals_applied_total", &[]) >= 3.0,
+            "member {i}: {scrape:?}"
+        );
     }
     assert_eq!(leaders, 1.0);
+
+    // Without a quorum a write fails, and counts as a failed proposal.
+    let mut cluster = cluster;
+    cluster.members[1].stop();
+    cluster.members[2].stop();
+    let mut lone = member_client(&cluster, 0).await;
+    assert!(lone.put("m9", "v", None).await.is_err());
+    let scrape = common::http::scrape(&cluster.members[0].addr()).await;
+    assert!(
+        scrape.value("etcd_server_proposals_failed_total", &[]) >= 1.0,
+        "{scrape:?}"
+    );
+    assert_eq!(scrape.value("etcd_server_proposals_pending", &[]), 0.0);
 }
 
 /// Key-values shown with every field: key, value, create, mod, version, lease.

@@ -402,8 +402,9 @@ async fn plain_logs_to_a_file_have_no_colour_codes() {
     assert!(!log.contains('\x1b'), "escape codes in {log:?}");
 }
 
-/// The quota etcd's alert on database size divides by, and on SQLite the
-/// record log's syncs where etcd's dashboards look for its WAL's.
+/// The quota etcd's alert on database size divides by, the proposal gauges
+/// of etcd's dashboards, and on SQLite the record log's syncs where they
+/// look for its WAL's.
 #[tokio::test]
 async fn quota_and_wal_fsyncs_as_etcd_names_them() {
     let address = format!("127.0.0.1:{}", common::free_port());
@@ -426,6 +427,14 @@ async fn quota_and_wal_fsyncs_as_etcd_names_them() {
         after.value("etcd_server_quota_backend_bytes", &[]),
         123_456_789.0
     );
+    // A single server's revision counts its commits, as Status's raft index.
+    assert_eq!(
+        after.value("etcd_server_proposals_committed_total", &[]),
+        6.0
+    );
+    assert_eq!(after.value("etcd_server_proposals_applied_total", &[]), 6.0);
+    assert_eq!(after.value("etcd_server_proposals_pending", &[]), 0.0);
+    assert_eq!(after.value("etcd_server_proposals_failed_total", &[]), 0.0);
     let syncs = |s: &Scrape| s.value("etcd_disk_wal_fsync_duration_seconds_count", &[]);
     if common::datastore::test_backend() == common::datastore::TestBackend::Sqlite {
         // One sync of the record log per acknowledged put, one at a time.

@@ -67,6 +67,17 @@ pub struct Metrics {
     /// How long each sync of the record log took, SQLite's counterpart of
     /// etcd's WAL (etcd: etcd_disk_wal_fsync_duration_seconds).
     pub wal_fsync_seconds: Histogram,
+    /// The Raft log's last index, on a single server its revision (etcd:
+    /// etcd_server_proposals_committed_total, a gauge as etcd's).
+    pub proposals_committed: IntGauge,
+    /// The last index applied, on a single server its revision (etcd:
+    /// etcd_server_proposals_applied_total, a gauge).
+    pub proposals_applied: IntGauge,
+    /// Writes sent and not yet answered (etcd: etcd_server_proposals_pending).
+    pub proposals_pending: IntGauge,
+    /// Writes that failed for want of a leader, a timeout or the datastore,
+    /// not by their own terms (etcd: etcd_server_proposals_failed_total).
+    pub proposals_failed: IntCounter,
 }
 
 /// The process-wide metrics.
@@ -204,11 +215,31 @@ impl Metrics {
                 .buckets(exponential_buckets(0.001, 2.0, 14).expect("valid buckets")),
             )
             .expect("valid metric"),
+            proposals_committed: IntGauge::new(
+                "etcd_server_proposals_committed_total",
+                "The total number of consensus proposals committed.",
+            )
+            .expect("valid metric"),
+            proposals_applied: IntGauge::new(
+                "etcd_server_proposals_applied_total",
+                "The total number of consensus proposals applied.",
+            )
+            .expect("valid metric"),
+            proposals_pending: IntGauge::new(
+                "etcd_server_proposals_pending",
+                "The current number of pending proposals to commit.",
+            )
+            .expect("valid metric"),
+            proposals_failed: IntCounter::new(
+                "etcd_server_proposals_failed_total",
+                "The total number of failed proposals seen.",
+            )
+            .expect("valid metric"),
             registry,
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 22] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 26] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -230,6 +261,10 @@ impl Metrics {
             Box::new(metrics.is_leader.clone()),
             Box::new(metrics.quota_backend_bytes.clone()),
             Box::new(metrics.wal_fsync_seconds.clone()),
+            Box::new(metrics.proposals_committed.clone()),
+            Box::new(metrics.proposals_applied.clone()),
+            Box::new(metrics.proposals_pending.clone()),
+            Box::new(metrics.proposals_failed.clone()),
             // process_resident_memory_bytes, process_cpu_seconds_total,
             // process_open_fds...: what etcd's Go client exports and
             // etcd's dashboards and `etcdctl check datascale` read.
@@ -297,6 +332,9 @@ mod tests {
             "process_cpu_seconds_total",
             "etcd_server_quota_backend_bytes",
             "etcd_disk_wal_fsync_duration_seconds_bucket",
+            "etcd_server_proposals_committed_total",
+            "etcd_server_proposals_pending",
+            "etcd_server_proposals_failed_total",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -749,8 +749,8 @@ impl Replication for Cluster {
     }
 }
 
-/// Keeps the leader gauges of `/metrics` in step with Raft, and notes when
-/// this member begins to lead, until Raft stops.
+/// Keeps the leader and Raft index gauges of `/metrics` in step with Raft,
+/// and notes when this member begins to lead, until Raft stops.
 async fn report_leadership(
     id: u64,
     mut raft: watch::Receiver<RaftMetrics<u64, Member>>,
@@ -761,6 +761,12 @@ async fn report_leadership(
     loop {
         let (leader, term) = {
             let raft = raft.borrow_and_update();
+            metrics
+                .proposals_committed
+                .set(raft.last_log_index.unwrap_or(0) as i64);
+            metrics
+                .proposals_applied
+                .set(raft.last_applied.map_or(0, |l| l.index) as i64);
             (raft.current_leader, raft.current_term)
         };
         if leader == Some(id) {

@@ -38,6 +38,9 @@ pub struct StoreSample {
     pub size: DatabaseSize,
     /// Leases in the database.
     pub leases: usize,
+    /// Whether the store is a member of a replicated cluster (which
+    /// reports its Raft indexes itself).
+    pub replicated: bool,
 }
 
 type SampleFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<StoreSample>> + Send + 'a>>;
@@ -57,6 +60,7 @@ impl<B: Backend> StoreProbe for Store<B> {
                 revisions: self.revisions(),
                 size,
                 leases,
+                replicated: self.is_replicated(),
             })
         })
     }
@@ -193,6 +197,12 @@ fn record(sample: &StoreSample) {
     metrics.db_total_size.set(sample.size.total);
     metrics.db_in_use_size.set(sample.size.in_use);
     metrics.leases_active.set(sample.leases as i64);
+    if !sample.replicated {
+        // A single server has no Raft log; its revision counts its commits,
+        // as Status's raft index does.
+        metrics.proposals_committed.set(sample.revisions.current);
+        metrics.proposals_applied.set(sample.revisions.current);
+    }
 }
 
 fn reply(

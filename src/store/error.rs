@@ -76,6 +76,20 @@ impl From<anyhow::Error> for StoreError {
 }
 
 impl StoreError {
+    /// Whether a write failed on its way rather than by its own terms: no
+    /// leader, a timeout, a lost leader, the database or cetera itself
+    /// (etcd counts those as failed proposals).
+    pub fn is_failed_proposal(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NoLeader
+                | StoreError::Timeout
+                | StoreError::LeaderChanged
+                | StoreError::Internal(_)
+                | StoreError::Backend(_)
+        )
+    }
+
     /// Whether a database error says the database was out of reach (down,
     /// unreachable, not answering in time): a condition etcd clients retry
     /// on, as they do on a member without quorum.

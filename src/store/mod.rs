@@ -383,6 +383,11 @@ impl<B: Backend> Store<B> {
         self.write_for(WriteRequest::LeaseGrant(req)).await
     }
 
+    /// Whether the store is a member of a replicated cluster.
+    pub fn is_replicated(&self) -> bool {
+        self.writes.replication().is_some()
+    }
+
     /// etcd LeaseRevoke.
     pub async fn lease_revoke(&self, id: i64) -> StoreResult<LeaseRevokeResponse> {
         self.write_for(WriteRequest::LeaseRevoke(id)).await

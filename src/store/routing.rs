@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::apply;
 use super::error::{StoreError, StoreResult};
 use super::request::{Queued, WriteRequest, WriteResponse};
+use crate::metrics::{GaugeGuard, metrics};
 
 /// A boxed future, for the object-safe `Replication`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -100,10 +101,17 @@ impl Writes {
 
     /// Sends `request` the way this store's writes go.
     pub(crate) async fn send(&self, request: WriteRequest) -> StoreResult<WriteResponse> {
-        match self.replication.get() {
+        let _pending = GaugeGuard::new(&metrics().proposals_pending);
+        let answer = match self.replication.get() {
             Some(replication) => replication.propose(request, apply::now_ms()).await,
             None => self.local(request).await,
+        };
+        if let Err(error) = &answer
+            && error.is_failed_proposal()
+        {
+            metrics().proposals_failed.inc();
         }
+        answer
     }
 
     /// Sends `request` to this member's writer alone: the writer's own
