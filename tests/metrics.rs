@@ -456,3 +456,35 @@ async fn quota_defaults_to_etcds() {
         2_147_483_648.0
     );
 }
+
+/// The bytes of the etcd API's messages, both ways, as etcd counts them
+/// (here with each message's 5-byte gRPC frame header).
+#[tokio::test]
+async fn grpc_bytes_both_ways() {
+    let (cetera, address) = start().await;
+    let mut client = etcd_client::Client::connect([cetera.endpoint()], None)
+        .await
+        .unwrap();
+    let received = |s: &Scrape| s.value("etcd_network_client_grpc_received_bytes_total", &[]);
+    let sent = |s: &Scrape| s.value("etcd_network_client_grpc_sent_bytes_total", &[]);
+    let value = "x".repeat(10_000);
+    let before = scrape(&address).await;
+    client.put("big", value.as_str(), None).await.unwrap();
+    let put = scrape(&address).await;
+    let grew = received(&put) - received(&before);
+    assert!(
+        (10_000.0..10_100.0).contains(&grew),
+        "put: {grew} bytes received"
+    );
+    assert!(
+        sent(&put) - sent(&before) < 100.0,
+        "put: answered in a few bytes"
+    );
+    client.get("big", None).await.unwrap();
+    let get = scrape(&address).await;
+    let grew = sent(&get) - sent(&put);
+    assert!(
+        (10_000.0..10_200.0).contains(&grew),
+        "get: {grew} bytes sent"
+    );
+}

@@ -24,6 +24,10 @@ pub struct Metrics {
     pub grpc_started: IntCounterVec,
     /// RPCs finished, by type, service, method and gRPC code (etcd: grpc_server_handled_total).
     pub grpc_handled: IntCounterVec,
+    /// Bytes of the etcd API's requests (etcd: etcd_network_client_grpc_received_bytes_total).
+    pub grpc_received_bytes: IntCounter,
+    /// Bytes of its responses (etcd: etcd_network_client_grpc_sent_bytes_total).
+    pub grpc_sent_bytes: IntCounter,
     /// Time from the request to its final status (etcd: grpc_server_handling_seconds).
     pub grpc_handling_seconds: HistogramVec,
     /// The store's current revision (etcd: etcd_debugging_mvcc_current_revision).
@@ -215,6 +219,16 @@ impl Metrics {
                 .buckets(exponential_buckets(0.001, 2.0, 14).expect("valid buckets")),
             )
             .expect("valid metric"),
+            grpc_received_bytes: IntCounter::new(
+                "etcd_network_client_grpc_received_bytes_total",
+                "The total number of bytes received from grpc clients.",
+            )
+            .expect("valid metric"),
+            grpc_sent_bytes: IntCounter::new(
+                "etcd_network_client_grpc_sent_bytes_total",
+                "The total number of bytes sent to grpc clients.",
+            )
+            .expect("valid metric"),
             proposals_committed: IntGauge::new(
                 "etcd_server_proposals_committed_total",
                 "The total number of consensus proposals committed.",
@@ -239,7 +253,7 @@ impl Metrics {
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 26] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 28] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -261,6 +275,8 @@ impl Metrics {
             Box::new(metrics.is_leader.clone()),
             Box::new(metrics.quota_backend_bytes.clone()),
             Box::new(metrics.wal_fsync_seconds.clone()),
+            Box::new(metrics.grpc_received_bytes.clone()),
+            Box::new(metrics.grpc_sent_bytes.clone()),
             Box::new(metrics.proposals_committed.clone()),
             Box::new(metrics.proposals_applied.clone()),
             Box::new(metrics.proposals_pending.clone()),

@@ -7,6 +7,11 @@
 //! (a "trailers-only" response), and otherwise in the trailers after the
 //! body, so the body is wrapped to see them. A call whose response is dropped
 //! before its trailers (the client went away) counts as Canceled.
+//!
+//! The bodies' bytes are counted too, as etcd's
+//! `etcd_network_client_grpc_received_bytes_total` and `..._sent_bytes_total`
+//! (etcd counts each message in its codec; here each message comes with its
+//! 5-byte gRPC frame header).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,8 +44,10 @@ pub struct GrpcMetrics<S> {
 
 impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for GrpcMetrics<S>
 where
-    S: Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResponseBody>>,
     S::Future: Send + 'static,
+    RequestBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    RequestBody::Error: Into<tonic::codegen::StdError>,
     ResponseBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResponseBody::Error: Into<tonic::codegen::StdError>,
 {
@@ -54,6 +61,11 @@ where
 
     fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
         let call = Call::start(request.uri().path());
+        let request = match call {
+            Some(_) => request.map(|body| tonic::body::Body::new(ReceivedBody { inner: body })),
+            // Not an etcd API call (the HTTP gateway, an unknown method).
+            None => request.map(tonic::body::Body::new),
+        };
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -252,6 +264,9 @@ impl<B: Body<Data = Bytes> + Unpin> Body for MeteredBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = &mut *self;
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
+            metrics().grpc_sent_bytes.inc_by(data.len() as u64);
+        }
         let code = match &frame {
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
                 trailers
@@ -265,6 +280,35 @@ impl<B: Body<Data = Bytes> + Unpin> Body for MeteredBody<B> {
             && let Some(mut call) = this.call.take()
         {
             call.finish(code);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body that counts the bytes a client sends.
+struct ReceivedBody<B> {
+    inner: B,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for ReceivedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
+            metrics().grpc_received_bytes.inc_by(data.len() as u64);
         }
         Poll::Ready(frame)
     }
