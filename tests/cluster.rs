@@ -59,7 +59,7 @@ async fn keys_on(cluster: &Cluster, i: usize, prefix: &str) -> Vec<String> {
 /// dashboards look for its WAL's fsyncs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_export_etcds_metrics() {
-    let cluster = Cluster::start(3).await;
+    let mut cluster = Cluster::start(3).await;
     cluster.leader(&[], Duration::from_secs(5)).await;
     let mut c = client(&cluster.endpoints()).await;
     for i in 0..3 {
@@ -86,7 +86,6 @@ async fn members_export_etcds_metrics() {
     assert_eq!(leaders, 1.0);
 
     // Without a quorum a write fails, and counts as a failed proposal.
-    let mut cluster = cluster;
     cluster.members[1].stop();
     cluster.members[2].stop();
     let mut lone = member_client(&cluster, 0).await;

@@ -40,6 +40,8 @@ import statistics
 import tempfile
 import time
 
+from record_log import write_bytes  # its sibling in scripts/prototype
+
 PAGE_SIZE = 4096
 SCHEMA = """
 CREATE TABLE log (
@@ -47,14 +49,6 @@ CREATE TABLE log (
     create_revision INTEGER NOT NULL, version INTEGER NOT NULL,
     lease INTEGER NOT NULL, deleted INTEGER NOT NULL);
 """
-
-
-def write_bytes():
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    return 0
 
 
 def quantile(sorted_values, q):

@@ -5,9 +5,7 @@
 use super::downgrade::DowngradeView;
 use super::version::major_minor;
 use crate::proto::etcdserverpb::{DowngradeInfo, StatusResponse};
-
-/// etcd's default --quota-backend-bytes (2 GiB), which Status reports for 0.
-const DEFAULT_QUOTA_BYTES: i64 = 2 * 1024 * 1024 * 1024;
+use crate::store::alarm::quota_as_shown;
 
 /// The storage version a server of `version` reports (in Status and
 /// Snapshot), empty before 3.6: etcd keeps it at the cluster version's
@@ -34,11 +32,7 @@ pub(super) fn fill(
         return;
     }
     resp.storage_version = storage_version(version, downgrade);
-    // Only 0 becomes the default; a negative quota (none) is shown as given.
-    resp.db_size_quota = match quota_backend_bytes {
-        0 => DEFAULT_QUOTA_BYTES,
-        bytes => bytes,
-    };
+    resp.db_size_quota = quota_as_shown(quota_backend_bytes);
     // etcd stores the target as a semver with patch 0.
     resp.downgrade_info = Some(DowngradeInfo {
         enabled: downgrade.target.is_some(),
@@ -72,7 +66,7 @@ mod tests {
         let mut resp = StatusResponse::default();
         fill(&mut resp, "3.6.11", 0, idle("3.6.11"));
         assert_eq!(resp.storage_version, "3.6.0");
-        assert_eq!(resp.db_size_quota, DEFAULT_QUOTA_BYTES);
+        assert_eq!(resp.db_size_quota, crate::store::alarm::DEFAULT_QUOTA_BYTES);
         assert_eq!(
             resp.downgrade_info,
             Some(DowngradeInfo {

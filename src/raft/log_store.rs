@@ -127,11 +127,9 @@ impl LogStore {
         }
         // The Raft log is this mode's WAL: its commit, the write and the
         // fsync, is what etcd's WAL fsync histogram shows.
-        let syncing = std::time::Instant::now();
-        txn.commit()?;
         metrics()
             .wal_fsync_seconds
-            .observe(syncing.elapsed().as_secs_f64());
+            .observe_closure_duration(|| txn.commit())?;
         Ok(())
     }
 

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use prometheus::IntCounter;
 use tower::{Layer, Service};
 
 use crate::metrics::metrics;
@@ -62,7 +63,13 @@ where
     fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
         let call = Call::start(request.uri().path());
         let request = match call {
-            Some(_) => request.map(|body| tonic::body::Body::new(ReceivedBody { inner: body })),
+            Some(_) => request.map(|body| {
+                tonic::body::Body::new(MeteredBody {
+                    inner: body,
+                    bytes: &metrics().grpc_received_bytes,
+                    call: None,
+                })
+            }),
             // Not an etcd API call (the HTTP gateway, an unknown method).
             None => request.map(tonic::body::Body::new),
         };
@@ -79,6 +86,7 @@ where
             Ok(response.map(|body| {
                 tonic::body::Body::new(MeteredBody {
                     inner: body,
+                    bytes: &metrics().grpc_sent_bytes,
                     call: Some(call),
                 })
             }))
@@ -248,9 +256,11 @@ impl Drop for Call {
     }
 }
 
-/// A response body that finishes its call when the trailers go out.
+/// A body whose data bytes count in `bytes`: a request's, or a response's,
+/// which also finishes its call when the trailers go out.
 struct MeteredBody<B> {
     inner: B,
+    bytes: &'static IntCounter,
     call: Option<Call>,
 }
 
@@ -265,7 +275,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for MeteredBody<B> {
         let this = &mut *self;
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
         if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
-            metrics().grpc_sent_bytes.inc_by(data.len() as u64);
+            this.bytes.inc_by(data.len() as u64);
         }
         let code = match &frame {
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
@@ -280,35 +290,6 @@ impl<B: Body<Data = Bytes> + Unpin> Body for MeteredBody<B> {
             && let Some(mut call) = this.call.take()
         {
             call.finish(code);
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A request body that counts the bytes a client sends.
-struct ReceivedBody<B> {
-    inner: B,
-}
-
-impl<B: Body<Data = Bytes> + Unpin> Body for ReceivedBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
-            metrics().grpc_received_bytes.inc_by(data.len() as u64);
         }
         Poll::Ready(frame)
     }

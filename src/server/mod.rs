@@ -336,6 +336,8 @@ async fn serve<B: Backend>(
             },
         }
     }
+    // Sent already unless every client listener ended by itself; the
+    // metrics listeners end on it.
     let _ = stopping.send(true);
     for task in metrics_listeners {
         let _ = task.await;

@@ -60,6 +60,16 @@ fn txn_is_read_only(txn: &TxnRequest) -> bool {
         .all(|op| matches!(op.request, Some(Request::RequestRange(_)) | None))
 }
 
+/// The quota etcd shows (Status's dbSizeQuota, its quota gauge) for
+/// `--quota-backend-bytes`: only 0 becomes the 2 GiB default; a negative
+/// value (no quota) is shown as given.
+pub fn quota_as_shown(quota_backend_bytes: i64) -> i64 {
+    match quota_backend_bytes {
+        0 => DEFAULT_QUOTA_BYTES,
+        bytes => bytes,
+    }
+}
+
 /// The quota writes are checked against, with the last measured size.
 pub struct Quota {
     /// The limit in bytes; `None` when the quota is off.
@@ -92,13 +102,9 @@ impl Quota {
                 Some(bytes)
             }
         };
-        // As etcd: the flag's value, or the default it stands for.
         metrics()
             .quota_backend_bytes
-            .set(match quota_backend_bytes {
-                0 => DEFAULT_QUOTA_BYTES,
-                bytes => bytes,
-            });
+            .set(quota_as_shown(quota_backend_bytes));
         Quota {
             limit,
             disk_full: AtomicBool::new(false),

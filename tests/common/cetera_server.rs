@@ -142,7 +142,7 @@ impl Cetera {
             let mut args = serve_args(&local_addr(self.port), &self.endpoint);
             args.extend(self.extra_args.iter().cloned());
             self.runs += 1;
-            let log = self.dir.path().join(format!("cetera-{}.log", self.runs));
+            let log = self.log_path();
             let (port, tls) = (self.port, self.tls.as_ref());
             if let Some(proc) =
                 Proc::spawn_ready(cetera_bin(), &args, log, port, "cetera", tls, attempt).await
@@ -217,8 +217,12 @@ impl Cetera {
 
     /// Everything the last run printed, also once it has stopped.
     pub fn last_log(&self) -> String {
-        let log = self.dir.path().join(format!("cetera-{}.log", self.runs));
-        std::fs::read_to_string(log).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The log file of the last run.
+    fn log_path(&self) -> std::path::PathBuf {
+        self.dir.path().join(format!("cetera-{}.log", self.runs))
     }
 
     /// SIGKILL, no chance to flush or clean up: simulates a crash.

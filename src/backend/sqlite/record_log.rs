@@ -288,11 +288,9 @@ impl RecordLog {
                 .write_all_at(&frame[written..written + piece as usize], offset)?;
             written += piece as usize;
         }
-        let syncing = std::time::Instant::now();
-        self.file.sync_data()?;
         metrics()
             .wal_fsync_seconds
-            .observe(syncing.elapsed().as_secs_f64());
+            .observe_closure_duration(|| self.file.sync_data())?;
         self.end = at + frame.len() as u64;
         self.frames += 1;
         Ok(true)
