@@ -325,6 +325,13 @@ impl KeyRange {
 }
 
 /// A consistent, read-only view of the database.
+///
+/// With one exception, on SQLite's server file: a long read of the log or of
+/// many rows lets a waiting batch commit go first and goes on in a later
+/// snapshot (`sqlite::queries::yield_to_commit`). The log rows it reads are
+/// the same in either (a compaction that overtook it fails it with
+/// [`Compacted`]), but leases, settings, auth records and alarms may not be:
+/// a reader that needs them as of its revisions reads them before the log.
 pub trait ReadTxn: Send {
     /// The counters as of this view.
     fn revisions(&mut self) -> impl Future<Output = BackendResult<Revisions>> + Send;

@@ -53,6 +53,14 @@ fn small_bucket<W: Write + Seek>(
 /// Writes the etcd snapshot of the store seen by `txn` to `file`.
 pub async fn write<T: ReadTxn, W: Write + Seek>(txn: &mut T, file: W) -> anyhow::Result<W> {
     let revs = txn.revisions().await?;
+    // All but the log first, with the revisions: a long read of the log may
+    // move on to a later snapshot of the rest (see `ReadTxn`).
+    let leases = txn.leases().await?;
+    let auth_revision = txn.setting(AUTH_REVISION).await?;
+    let auth_enabled = txn.setting(AUTH_ENABLED).await?;
+    let users = txn.auth_records(AuthKind::User).await?;
+    let roles = txn.auth_records(AuthKind::Role).await?;
+    let alarms = txn.alarms().await?;
     let mut writer = BboltWriter::new(file)?;
 
     let mut key = writer.bucket();
@@ -73,9 +81,7 @@ pub async fn write<T: ReadTxn, W: Write + Seek>(txn: &mut T, file: W) -> anyhow:
     }
     let meta = small_bucket(&mut writer, meta)?;
 
-    let leases = txn
-        .leases()
-        .await?
+    let leases = leases
         .into_iter()
         .map(|lease| {
             // As etcd writes a lease without checkpoints: no remaining TTL.
@@ -89,22 +95,18 @@ pub async fn write<T: ReadTxn, W: Write + Seek>(txn: &mut T, file: W) -> anyhow:
         .collect();
     let lease = small_bucket(&mut writer, leases)?;
 
-    let revision = txn.setting(AUTH_REVISION).await?.unwrap_or(1).max(1) as u64;
+    let revision = auth_revision.unwrap_or(1).max(1) as u64;
     let mut auth = vec![(b"authRevision".to_vec(), revision.to_be_bytes().to_vec())];
     // etcd writes the flag when auth is first enabled; a store never
     // enabled has none, and "disabled" reads the same either way.
-    if txn.setting(AUTH_ENABLED).await?.unwrap_or(0) != 0 {
+    if auth_enabled.unwrap_or(0) != 0 {
         auth.push((b"enabled".to_vec(), vec![1]));
     }
     let auth = small_bucket(&mut writer, auth)?;
-    let users = txn.auth_records(AuthKind::User).await?;
     let users = small_bucket(&mut writer, users)?;
-    let roles = txn.auth_records(AuthKind::Role).await?;
     let roles = small_bucket(&mut writer, roles)?;
 
-    let alarms = txn
-        .alarms()
-        .await?
+    let alarms = alarms
         .into_iter()
         .map(|row| {
             let member = AlarmMember {

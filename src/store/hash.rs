@@ -224,11 +224,12 @@ impl LiveKeysHasher {
 /// Returns the digest and the current revision.
 pub async fn hash_all<T: ReadTxn>(txn: &mut T) -> StoreResult<(u32, i64)> {
     let revs = txn.revisions().await?;
+    // Before the log, with the revisions (see `ReadTxn`).
+    let mut leases = txn.leases().await?;
     let mut hasher = CanonicalHasher::new(b"cetera-hash-1");
     hasher.int(revs.current);
     hasher.int(revs.compact);
     for_each_log_entry(txn, 0, revs.current, |entry| hasher.entry(&entry)).await?;
-    let mut leases = txn.leases().await?;
     leases.sort_by_key(|lease| lease.id);
     for lease in leases {
         hasher.0.update(b"E");

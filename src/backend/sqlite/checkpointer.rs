@@ -234,6 +234,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         let mut writer = super::super::open_connection(&path, false).unwrap();
+        super::super::set_journal_mode(&writer, "WAL").unwrap();
         writer
             .execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
             .unwrap();

@@ -155,6 +155,11 @@ pub(super) struct Journal {
     /// straight to SQLite, taking the batch with them, until one succeeds,
     /// so that the batch waiting for room does not grow.
     stalled: AtomicBool,
+    /// Up while a commit of the batch waits for readers to let go of the
+    /// database (rollback journal mode: SQLite commits only once no reader
+    /// holds it); a long read then ends its SQLite transaction at its next
+    /// page (`queries::yield_to_commit`).
+    commit_waiting: Arc<AtomicBool>,
 }
 
 struct Unapplied {
@@ -217,7 +222,22 @@ impl Journal {
             batch: Mutex::default(),
             enabled: AtomicBool::new(true),
             stalled: AtomicBool::new(false),
+            commit_waiting: Arc::default(),
         })
+    }
+
+    /// The flag of a commit waiting for readers, for a reader to watch.
+    pub(super) fn commit_waiting(&self) -> Arc<AtomicBool> {
+        self.commit_waiting.clone()
+    }
+
+    /// Commits the batch, asking the readers still going to let go of the
+    /// database meanwhile (see `commit_waiting`).
+    fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
+        self.commit_waiting.store(true, Ordering::Release);
+        let committed = conn.execute_batch("COMMIT");
+        self.commit_waiting.store(false, Ordering::Release);
+        committed
     }
 
     /// True while commits go through the record log.
@@ -344,7 +364,7 @@ impl Journal {
             .execute_batch("RELEASE write")
             .and_then(|()| self.view().pending().delete_removed(conn))
             .and_then(|()| self.note_applied(conn))
-            .and_then(|()| conn.execute_batch("COMMIT"));
+            .and_then(|()| self.commit(conn));
         if let Err(error) = committed {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -388,7 +408,7 @@ impl Journal {
             .pending()
             .delete_removed(conn)
             .and_then(|()| self.note_applied(conn))
-            .and_then(|()| conn.execute_batch("COMMIT"));
+            .and_then(|()| self.commit(conn));
         if let Err(error) = committed {
             tracing::warn!("cannot apply the record log's commits: {error}");
             let _ = conn.execute_batch("ROLLBACK");

@@ -169,6 +169,11 @@ impl KeyIndex {
         }
     }
 
+    /// Reads below this revision may miss changes compaction removed.
+    pub(super) fn removed_below(&self) -> i64 {
+        self.removed_below
+    }
+
     /// Fails if compaction removed changes a read at `revision` might need.
     fn check(&self, revision: i64) -> Result<(), Compacted> {
         if revision < self.removed_below {

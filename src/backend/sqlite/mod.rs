@@ -97,6 +97,10 @@ impl Sqlite {
         };
         let mut writer = open_connection(path, false)
             .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+        // The record log, and with it batches, only for the server's own file.
+        let journal_mode = if lock.is_some() { "PERSIST" } else { "WAL" };
+        set_journal_mode(&writer, journal_mode)
+            .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
         migrations::migrations::runner()
             .run(&mut writer)
             .context("cannot apply SQLite migrations")?;
@@ -108,8 +112,11 @@ impl Sqlite {
         };
         let index = KeyIndex::load(&writer).context("cannot read the log into the key index")?;
         if journal.is_some() {
-            // A batch's pages stay in the cache until it is applied.
+            // A batch's pages stay in the cache until it is applied: never
+            // written out before its commit, which in rollback journal mode
+            // would wait for every reader (see `journal`).
             writer.pragma_update(None, "cache_size", BATCH_CACHE_KIB)?;
+            writer.pragma_update(None, "cache_spill", false)?;
             // Each write is a savepoint in the batch, and SQLite keeps the
             // pages a savepoint changes in a statement journal, by default
             // a temporary file: its writes cost 2-3 KB per Txn at 64 clients.
@@ -217,6 +224,8 @@ impl Sqlite {
             index: None,
             snapshot_revision: None,
             unapplied: None,
+            commit_waiting: None,
+            removed_below: 0,
         })
     }
 
@@ -328,6 +337,24 @@ fn open_journal(path: &Path, writer: &Connection) -> anyhow::Result<Option<Arc<J
     }
 }
 
+/// Sets the journal mode of the database `conn` writes: `PERSIST` (a
+/// rollback journal, kept between commits, its header zeroed) where the
+/// record log makes commits durable and SQLite takes them in batches: the
+/// batch's new pages are then written once, into the database file, where
+/// WAL mode writes each page twice, to the WAL and at the checkpoint
+/// (BENCHMARKS.md, issue 28); readers let go of the database while a batch
+/// commits (`journal`). `WAL` elsewhere: where every write commits to SQLite
+/// itself (a member of a cluster, whose Raft log is the durable record), as
+/// readers then never wait. Changing out of WAL needs the database to
+/// itself; a connection that cannot change the mode is an error.
+fn set_journal_mode(conn: &Connection, mode: &str) -> anyhow::Result<()> {
+    let set: String = conn.pragma_update_and_check(None, "journal_mode", mode, |row| row.get(0))?;
+    if !set.eq_ignore_ascii_case(mode) {
+        anyhow::bail!("cannot change the SQLite journal mode from {set} to {mode}");
+    }
+    Ok(())
+}
+
 /// Opens a connection with the settings every cetera connection uses.
 fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection> {
     let flags = if read_only {
@@ -350,10 +377,9 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
         conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
     }
-    // WAL lets readers work beside the writer. synchronous=FULL fsyncs the WAL
-    // on every commit, so an acknowledged write survives power loss, not only
-    // a crash of the process; group commit makes that one fsync per batch.
-    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // synchronous=FULL syncs every commit, so that a commit SQLite makes
+    // survives power loss, not only a crash of the process. Readers take the
+    // journal mode the writer set (`set_journal_mode`).
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.set_prepared_statement_cache_capacity(64);
     // Plan once per statement: otherwise SQLite re-prepares a cached statement
@@ -373,6 +399,11 @@ impl Backend for Sqlite {
         // Before the snapshot starts (see `journal`).
         let unapplied = self.journal.as_ref().map(|journal| journal.view());
         let conn = self.take_reader()?;
+        let removed_below = self
+            .index
+            .read()
+            .expect("key index poisoned")
+            .removed_below();
         // Cached, as every read begins and ends this way: parsing BEGIN and
         // ROLLBACK each time is a visible part of a single-key read.
         conn.prepare_cached("BEGIN")?.execute([])?;
@@ -381,7 +412,13 @@ impl Backend for Sqlite {
             pool: self.readers.clone(),
             index: Some(self.index.clone()),
             snapshot_revision: None,
+            commit_waiting: self
+                .journal
+                .as_ref()
+                .filter(|journal| journal.enabled())
+                .map(|journal| journal.commit_waiting()),
             unapplied,
+            removed_below,
         })
     }
 
@@ -429,6 +466,7 @@ impl Backend for Sqlite {
         if let Some(journal) = &self.journal {
             journal.disable(&conn, &self.checkpointer);
         }
+        set_journal_mode(&conn, "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(())
     }
@@ -521,7 +559,9 @@ fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
 pub(crate) mod tests {
     use super::record_log::Change;
     use super::*;
-    use crate::backend::{KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn};
+    use crate::backend::{
+        Compacted, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions, WriteTxn,
+    };
     use crate::proto::mvccpb::KeyValue;
 
     /// A fresh, empty database in a temporary directory, which the guard
@@ -862,13 +902,135 @@ pub(crate) mod tests {
         assert_eq!(rows_in_file(&path), 2);
     }
 
+    /// The server's file takes batches in rollback journal mode (PERSIST);
+    /// a member of a cluster, whose every write commits to SQLite, in WAL
+    /// mode; and a file left in WAL mode by an older cetera opens in
+    /// rollback mode with everything it held.
+    #[tokio::test]
+    async fn journal_mode_follows_the_record_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        // A rollback journal mode is the connection's; WAL the file's.
+        async fn mode(backend: &Sqlite) -> String {
+            let conn = backend.writer.lock().await;
+            conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap()
+        }
+        {
+            let backend = Sqlite::open(&path).unwrap();
+            assert_eq!(mode(&backend).await, "persist");
+            put(&backend, 2, "a", b"one").await;
+            backend.defer_durability().await.unwrap();
+            assert_eq!(mode(&backend).await, "wal");
+            put(&backend, 3, "b", b"two").await;
+            assert!(path.with_extension("db-wal").exists());
+            let mut reader = backend.read().await.unwrap();
+            assert_eq!(
+                read_values(&mut reader, &["a", "b"]).await,
+                [Some(b"one".to_vec()), Some(b"two".to_vec())]
+            );
+        }
+        let backend = Sqlite::open(&path).unwrap();
+        assert_eq!(mode(&backend).await, "persist");
+        assert!(!path.with_extension("db-wal").exists(), "the WAL is left");
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(
+            read_values(&mut reader, &["a", "b"]).await,
+            [Some(b"one".to_vec()), Some(b"two".to_vec())]
+        );
+    }
+
+    /// Readers let a batch commit through (in rollback journal mode it
+    /// needs the database to itself): a stream lets go of its snapshot while
+    /// it waits for its client, and a long read, with a commit waiting, at
+    /// each page; either still reads every row at its revision.
+    #[tokio::test]
+    async fn readers_let_a_batch_commit_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let backend = Sqlite::open(&path).unwrap();
+        let keys = 1000;
+        for i in 0..keys {
+            put(&backend, i + 2, &format!("k{i:04}"), b"v").await;
+        }
+        apply_now(&backend).await;
+        let everything = KeyRange {
+            start: b"k".to_vec(),
+            end: Some(b"l".to_vec()),
+        };
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(reader.revisions().await.unwrap().current, keys + 1);
+        assert_eq!(
+            read_values(&mut reader, &["k0000"]).await,
+            [Some(b"v".to_vec())]
+        );
+        put(&backend, keys + 2, "k9999", b"later").await;
+        // Without it, the commit would wait out the writer's 30 s busy
+        // timeout, fail, and leave the batch stalled.
+        reader.let_go().unwrap();
+        apply_now(&backend).await;
+        assert!(!backend.journal.as_ref().unwrap().stalled());
+        assert_eq!(rows_in_file(&path), keys + 1);
+
+        let waiting = backend.journal.as_ref().unwrap().commit_waiting();
+        waiting.store(true, std::sync::atomic::Ordering::Release);
+        let rows = reader
+            .range(&everything, ReadAt::Current, 0, false)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.len(),
+            keys as usize,
+            "the later put is above the revision"
+        );
+        let log = reader.log_entries(1, keys + 1).await.unwrap();
+        assert_eq!(log.len(), keys as usize);
+        waiting.store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A read of the log that compaction overtook while it had let go of
+    /// its snapshot is told the revisions are compacted rather than given a
+    /// log with holes; one that compaction did not reach is whole.
+    #[tokio::test]
+    async fn a_log_read_overtaken_by_compaction_is_compacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let backend = Sqlite::open(&path).unwrap();
+        put(&backend, 2, "a", b"one").await;
+        put(&backend, 3, "a", b"two").await;
+        put(&backend, 4, "b", b"one").await;
+        apply_now(&backend).await;
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(reader.log_entries(0, 4).await.unwrap().len(), 3);
+        reader.let_go().unwrap();
+
+        let mut txn = backend.write().await.unwrap();
+        let mut revisions = txn.revisions().await.unwrap();
+        let newest = txn.log_entries(2, 3).await.unwrap();
+        txn.remove_history_before(&newest[0]).await.unwrap();
+        revisions.compact = 3;
+        revisions.compacted_through = 3;
+        txn.set_revisions(revisions).await.unwrap();
+        txn.commit().await.unwrap();
+        apply_now(&backend).await;
+        assert_eq!(rows_in_file(&path), 2, "a@2 removed");
+
+        let error = reader.log_entries(0, 4).await.unwrap_err();
+        assert!(Compacted::is(&error), "{error:#}");
+        assert_eq!(reader.log_entries(2, 4).await.unwrap().len(), 2);
+        let mut fresh = backend.read().await.unwrap();
+        assert_eq!(fresh.log_entries(0, 4).await.unwrap().len(), 2);
+    }
+
     /// The checkpoint thread copies the WAL into the database file once it
-    /// passes `CHECKPOINT_PAGES`, without the writer doing it.
+    /// passes `CHECKPOINT_PAGES`, without the writer doing it (WAL mode: a
+    /// member of a cluster).
     #[tokio::test]
     async fn checkpoint_thread_moves_the_wal_into_the_database() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         let backend = Sqlite::open(&path).unwrap();
+        backend.defer_durability().await.unwrap();
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();
         // A 64 KiB value takes 32 pages of the log: this writes about 1.5

@@ -2,6 +2,8 @@
 //! id (for the key index's reads), the counters, the log by revision,
 //! settings, leases, alarms and auth records, and the decoding of their rows.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::journal::UnappliedView;
@@ -11,7 +13,7 @@ use crate::backend::rows::{
     Column, Columns, alarm_from_row, auth_record_from_row, kv_from_row, lease_from_row,
     log_entry_from_row, revisions_from_row,
 };
-use crate::backend::{AlarmRow, AuthKind, LeaseRow, LogEntry, Revisions};
+use crate::backend::{AlarmRow, AuthKind, BackendResult, Compacted, LeaseRow, LogEntry, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
 // rusqlite's row callbacks must accept a `Row` of any lifetime, which a
@@ -24,17 +26,40 @@ impl Columns for Row<'_> {
     }
 }
 
+/// Rows a long read fetches between two looks at the flag of a waiting
+/// commit (see `yield_to_commit`).
+const ROWS_PER_YIELD: usize = 256;
+
+/// Lets a batch commit that waits for readers go first: in rollback journal
+/// mode SQLite commits only once no reader holds the database, so a read
+/// that is still going ends its transaction and begins another (which
+/// waits for the commit). Its rows do not change meanwhile, only
+/// compaction removes some (see `txn`). Nothing to do without the flag (a
+/// snapshot file, the writer) or with it down.
+pub(super) fn yield_to_commit(
+    conn: &Connection,
+    waiting: Option<&AtomicBool>,
+) -> rusqlite::Result<()> {
+    if waiting.is_some_and(|waiting| waiting.load(Ordering::Acquire)) && !conn.is_autocommit() {
+        conn.prepare_cached("ROLLBACK")?.execute([])?;
+        conn.prepare_cached("BEGIN")?.execute([])?;
+    }
+    Ok(())
+}
+
 /// The rows `ids` of the log as keys, in the order given: those committed
 /// but not yet applied from `unapplied`, the rest from the table. With
 /// `keys_only` the values are left empty, so that no overflow page of a
-/// large value is read. Every id must be in one or the other (the key index
-/// says so).
+/// large value is read. The key index names every id, but compaction may
+/// have removed a row since the index was asked (a read below the compacted
+/// revision): `Compacted`, as the index would answer now.
 pub(super) fn query_rows(
     conn: &Connection,
     unapplied: Option<&UnappliedView>,
+    waiting: Option<&AtomicBool>,
     ids: &[i64],
     keys_only: bool,
-) -> rusqlite::Result<Vec<KeyValue>> {
+) -> BackendResult<Vec<KeyValue>> {
     let sql = if keys_only {
         "SELECT key, x'', create_revision, id >> 20, version, lease FROM log WHERE id = ?1"
     } else {
@@ -42,10 +67,16 @@ pub(super) fn query_rows(
     };
     let mut stmt = conn.prepare_cached(sql)?;
     let mut found = Vec::with_capacity(ids.len());
-    for id in ids {
+    for (n, id) in ids.iter().enumerate() {
+        if n > 0 && n % ROWS_PER_YIELD == 0 {
+            yield_to_commit(conn, waiting)?;
+        }
         let row = match unapplied.and_then(|u| u.row(*id, keys_only)) {
             Some(row) => row,
-            None => stmt.query_row([id], |r| kv_from_row(r))?,
+            None => match stmt.query_row([id], |r| kv_from_row(r)) {
+                Err(rusqlite::Error::QueryReturnedNoRows) => return Err(Compacted.into()),
+                row => row?,
+            },
         };
         found.push(row);
     }
@@ -76,16 +107,35 @@ pub(super) fn query_revisions(conn: &Connection) -> rusqlite::Result<(Revisions,
 
 pub(super) fn query_log(
     conn: &Connection,
+    waiting: Option<&AtomicBool>,
     after: i64,
     through: i64,
 ) -> rusqlite::Result<Vec<LogEntry>> {
     let mut stmt = conn.prepare_cached(
         "SELECT key, value, create_revision, id >> 20, version, lease, id & 1048575, deleted \
-         FROM log WHERE id >= ?1 AND id < ?2 ORDER BY id",
+         FROM log WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT ?3",
     )?;
-    let (from, to) = (row_id(after + 1, 0), row_id(through + 1, 0));
-    let rows = stmt.query_map(params![from, to], |row| log_entry_from_row(row))?;
-    rows.collect()
+    // A read that may have to let a commit go first reads in pages.
+    let page = match waiting {
+        Some(_) => ROWS_PER_YIELD as i64,
+        None => -1,
+    };
+    let (mut from, to) = (row_id(after + 1, 0), row_id(through + 1, 0));
+    let mut entries = Vec::new();
+    loop {
+        let read = entries.len();
+        let rows = stmt.query_map(params![from, to, page], |row| log_entry_from_row(row))?;
+        for entry in rows {
+            entries.push(entry?);
+        }
+        match entries.last() {
+            Some(last) if page > 0 && entries.len() - read == page as usize => {
+                from = row_id(last.kv.mod_revision, last.sub) + 1;
+                yield_to_commit(conn, waiting)?;
+            }
+            _ => return Ok(entries),
+        }
+    }
 }
 
 pub(super) fn query_lease(conn: &Connection, id: i64) -> rusqlite::Result<Option<LeaseRow>> {

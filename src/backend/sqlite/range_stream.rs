@@ -1,9 +1,11 @@
 //! `StreamRange` on SQLite: each chunk walks the key index on from just
 //! after the last key handed out (a lookup in memory, not a new SQL query
-//! over the keys) and fetches its rows by id, in the same read transaction,
-//! so every chunk sees the same snapshot. A chunk holds the index's lock
-//! only while it walks its own keys, so a long stream never stalls the
-//! writer.
+//! over the keys) and fetches its rows by id, at the stream's revision. A
+//! chunk holds the index's lock only while it walks its own keys, and the
+//! database only while it reads its rows (`SqliteRead::let_go`), so a long
+//! stream, or one waiting for a slow client, never stalls the writer. Every
+//! chunk sees the same revision: log rows do not change, and compaction
+//! past the revision fails the stream (`Compacted`), as it would the index.
 
 use crate::backend::range_stream::{RangeRows, StreamRange};
 use crate::backend::sqlite::SqliteRead;
@@ -11,7 +13,7 @@ use crate::backend::{BackendResult, KeyRange, ReadAt, ReadTxn};
 use crate::proto::mvccpb::KeyValue;
 
 impl StreamRange for SqliteRead {
-    type Rows<'a> = KeysetRows<'a, SqliteRead>;
+    type Rows<'a> = KeysetRows<'a>;
 
     async fn range_rows<'a>(
         &'a mut self,
@@ -19,7 +21,7 @@ impl StreamRange for SqliteRead {
         at: ReadAt,
         limit: usize,
         keys_only: bool,
-    ) -> BackendResult<KeysetRows<'a, SqliteRead>> {
+    ) -> BackendResult<KeysetRows<'a>> {
         Ok(KeysetRows {
             txn: self,
             next: Some(range.clone()),
@@ -31,8 +33,8 @@ impl StreamRange for SqliteRead {
 }
 
 /// The rest of a range, read a chunk at a time from where the last chunk ended.
-pub struct KeysetRows<'a, T: ReadTxn> {
-    txn: &'a mut T,
+pub struct KeysetRows<'a> {
+    txn: &'a mut SqliteRead,
     /// What is left of the range; None once it is exhausted.
     next: Option<KeyRange>,
     at: ReadAt,
@@ -41,13 +43,15 @@ pub struct KeysetRows<'a, T: ReadTxn> {
     keys_only: bool,
 }
 
-impl<T: ReadTxn> RangeRows for KeysetRows<'_, T> {
+impl RangeRows for KeysetRows<'_> {
     async fn next_chunk(&mut self, n: usize) -> BackendResult<Vec<KeyValue>> {
         let n = self.left.map_or(n, |left| left.min(n));
         let Some(range) = self.next.as_mut().filter(|_| n > 0) else {
             return Ok(Vec::new());
         };
         let kvs = self.txn.range(range, self.at, n, self.keys_only).await?;
+        // The stream now waits for its client.
+        self.txn.let_go()?;
         if let Some(left) = &mut self.left {
             *left -= kvs.len();
         }

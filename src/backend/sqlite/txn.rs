@@ -2,6 +2,7 @@
 //! writer's transaction, their `ReadTxn` and `WriteTxn` impls and the write
 //! statements.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -17,8 +18,8 @@ use super::queries::{
 use super::record_log::Change;
 use super::return_reader;
 use crate::backend::{
-    AlarmRow, AuthKind, BackendResult, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn, Revisions,
-    WriteTxn,
+    AlarmRow, AuthKind, BackendResult, Compacted, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn,
+    Revisions, WriteTxn,
 };
 use crate::proto::mvccpb::KeyValue;
 
@@ -37,6 +38,14 @@ pub struct SqliteRead {
     /// The rows committed to the record log but not yet to SQLite when the
     /// read began (see `journal`).
     pub(super) unapplied: Option<UnappliedView>,
+    /// The server's flag for a batch commit waiting for readers (see
+    /// `journal`): a long read lets go of its SQLite snapshot when it is up
+    /// (`queries::yield_to_commit`). None where no batch is committed (a
+    /// snapshot file; a member of a cluster, in WAL mode).
+    pub(super) commit_waiting: Option<Arc<AtomicBool>>,
+    /// The index's compaction mark when the read began: log rows read after
+    /// it moved may be missing (see `check_log_intact`).
+    pub(super) removed_below: i64,
 }
 
 impl Drop for SqliteRead {
@@ -144,7 +153,13 @@ macro_rules! impl_read_txn {
                 let (index, revision) = self.view(at)?;
                 let ids = read_index(&index).range(range, revision, limit)?;
                 let $conn = self;
-                Ok(query_rows($get, $conn.unapplied(), &ids, keys_only)?)
+                query_rows(
+                    $get,
+                    $conn.unapplied(),
+                    $conn.commit_waiting(),
+                    &ids,
+                    keys_only,
+                )
             }
 
             async fn count(&mut self, range: &KeyRange, at: ReadAt) -> BackendResult<i64> {
@@ -158,7 +173,8 @@ macro_rules! impl_read_txn {
                 through: i64,
             ) -> BackendResult<Vec<LogEntry>> {
                 let $conn = self;
-                let mut entries = query_log($get, after, through)?;
+                let mut entries = query_log($get, $conn.commit_waiting(), after, through)?;
+                $conn.check_log_intact(after)?;
                 if let Some(unapplied) = $conn.unapplied() {
                     unapplied.add_log(after, through, &mut entries);
                 }
@@ -212,7 +228,8 @@ macro_rules! impl_read_txn {
                 let (index, revision) = self.view(ReadAt::Current)?;
                 let ids = read_index(&index).lease_keys(id, revision)?;
                 let $conn = self;
-                let mut keys = query_rows($get, $conn.unapplied(), &ids, false)?;
+                let mut keys =
+                    query_rows($get, $conn.unapplied(), $conn.commit_waiting(), &ids, false)?;
                 // Keys attached now that had another lease at the snapshot's revision.
                 keys.retain(|kv| kv.lease == id);
                 Ok(keys)
@@ -243,6 +260,41 @@ macro_rules! impl_read_txn {
 }
 
 impl SqliteRead {
+    fn commit_waiting(&self) -> Option<&AtomicBool> {
+        self.commit_waiting.as_deref()
+    }
+
+    /// Ends the SQLite transaction and begins another, for a reader about
+    /// to wait for something else (a stream for its client): in rollback
+    /// journal mode a transaction held meanwhile would hold up the next
+    /// batch commit, and the writer with it. What the reader reads next is
+    /// as `queries::yield_to_commit` says.
+    pub(super) fn let_go(&mut self) -> BackendResult<()> {
+        let conn = self.conn.as_ref().expect("connection present until drop");
+        if self.commit_waiting.is_some() && !conn.is_autocommit() {
+            conn.prepare_cached("ROLLBACK")?.execute([])?;
+            conn.prepare_cached("BEGIN")?.execute([])?;
+        }
+        Ok(())
+    }
+
+    /// Fails if the log rows after `after` that a read just took from SQLite
+    /// may be missing some: compaction removed rows at or after `after + 1`,
+    /// and did so since this read began (rows it had removed before, a read
+    /// of the whole log, the copy of a snapshot, knows of). The read may
+    /// have moved to a later SQLite snapshot since it began (see
+    /// `queries::yield_to_commit`).
+    fn check_log_intact(&self, after: i64) -> BackendResult<()> {
+        let (Some(index), Some(_)) = (&self.index, &self.commit_waiting) else {
+            return Ok(());
+        };
+        let removed_below = read_index(index).removed_below();
+        if removed_below > self.removed_below.max(after + 1) {
+            return Err(Compacted.into());
+        }
+        Ok(())
+    }
+
     fn note_meta(&mut self, _meta: Revisions, current: i64) {
         self.snapshot_revision = Some(current);
     }
@@ -277,6 +329,16 @@ impl SqliteRead {
 }
 
 impl SqliteWrite {
+    /// The writer never lets go of its transaction.
+    fn commit_waiting(&self) -> Option<&AtomicBool> {
+        None
+    }
+
+    /// Only the writer removes rows: what it reads is whole.
+    fn check_log_intact(&self, _after: i64) -> BackendResult<()> {
+        Ok(())
+    }
+
     fn note_meta(&mut self, meta: Revisions, current: i64) {
         self.meta = Some(meta);
         self.read_current = current;
