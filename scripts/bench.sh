@@ -77,7 +77,7 @@ PG_URL=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432}
 MYSQL_URL=${BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306}
 source scripts/mysql-client.sh
 case $BACKEND in
-    sqlite) BACKEND_DESC="SQLite, WAL, synchronous=FULL" ;;
+    sqlite) BACKEND_DESC="SQLite, record log, batches in rollback journal mode, synchronous=FULL" ;;
     postgres) BACKEND_DESC="PostgreSQL $(psql "$PG_URL/postgres" -tAc 'SHOW server_version' | cut -d' ' -f1), its own settings" ;;
     mysql) BACKEND_DESC="$(mysql_client -N -e 'SELECT VERSION()'), its own settings" ;;
     *) echo "unknown backend: $BACKEND (sqlite, postgres or mysql)" >&2; exit 2 ;;
@@ -690,7 +690,7 @@ if rate_steps:
             fmt(mbs(e, "dir_bytes")), fmt(mbs(c, "dir_bytes")), fmt(mbs(e, "db_bytes")), fmt(mbs(c, "db_bytes")),
         ]) + " |")
     out.append("")
-    out.append("Data dir and db at the step's end, before the stop: etcd's data dir includes its 64 MB preallocated WAL file, cetera's its SQLite WAL.")
+    out.append("Data dir and db at the step's end, before the stop: etcd's data dir includes its 64 MB preallocated WAL file, cetera's its 64 MiB preallocated record log and SQLite's rollback journal.")
 
 # cetera's WAL at the end of each case (scripts/wal-frames.py): the pages its commits wrote.
 wal = []

@@ -2,14 +2,14 @@
 # Bytes per put until the data is at rest, for the rate steps of issue 28.
 #
 # `scripts/bench.sh --only rates` counts a server's write_bytes during each
-# step. cetera's SQLite copies its WAL into the database file only once the WAL
-# holds 32 MiB (src/backend/sqlite/checkpointer.rs), so a short step at a low rate
-# ends before any checkpoint, and that copy of every row is written after the
-# step, uncounted; etcd's bbolt commits every 100 ms. Here each step is counted
-# twice: during the step, as bench.sh does, and through a clean stop of the
-# server right after it (SIGTERM: cetera applies its batch and checkpoints the
-# whole WAL; etcd commits its backend), from the kernel's count for the exited
-# process (the ru_oublock of wait4, the same counter as write_bytes).
+# step. What a server writes after the step is left out: cetera's last batch
+# (up to a second of puts; and, in WAL mode, which cetera used for batches
+# until 2026-12-05, the checkpoint that copied the WAL into the database file
+# once it held 32 MiB), etcd's last backend commit (every 100 ms). Here each
+# step is counted twice: during the step, as bench.sh does, and through a
+# clean stop of the server right after it (SIGTERM: cetera applies its batch;
+# etcd commits its backend), from the kernel's count for the exited process
+# (the ru_oublock of wait4, the same counter as write_bytes).
 #
 # Fresh servers for every step, etcd and cetera one after the other; data dirs
 # under BENCH_TMP (default /var/tmp), on a disk.
