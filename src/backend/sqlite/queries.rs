@@ -40,7 +40,16 @@ pub(super) fn yield_to_commit(
     conn: &Connection,
     waiting: Option<&AtomicBool>,
 ) -> rusqlite::Result<()> {
-    if waiting.is_some_and(|waiting| waiting.load(Ordering::Acquire)) && !conn.is_autocommit() {
+    if waiting.is_some_and(|waiting| waiting.load(Ordering::Acquire)) {
+        restart_read(conn)?;
+    }
+    Ok(())
+}
+
+/// Ends the read transaction on `conn`, if any, and begins another, whose
+/// snapshot starts with its first statement.
+pub(super) fn restart_read(conn: &Connection) -> rusqlite::Result<()> {
+    if !conn.is_autocommit() {
         conn.prepare_cached("ROLLBACK")?.execute([])?;
         conn.prepare_cached("BEGIN")?.execute([])?;
     }

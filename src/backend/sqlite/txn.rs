@@ -13,7 +13,7 @@ use super::journal::{APPLY_BYTES, Journal, UnappliedView};
 use super::key_index::{KeyIndex, LATEST, MAX_CHANGES_PER_REVISION, Removal, Undo, row_id};
 use super::queries::{
     query_alarms, query_auth_records, query_expired_leases, query_lease, query_leases, query_log,
-    query_revisions, query_rows, query_setting,
+    query_revisions, query_rows, query_setting, restart_read,
 };
 use super::record_log::Change;
 use super::return_reader;
@@ -270,10 +270,8 @@ impl SqliteRead {
     /// batch commit, and the writer with it. What the reader reads next is
     /// as `queries::yield_to_commit` says.
     pub(super) fn let_go(&mut self) -> BackendResult<()> {
-        let conn = self.conn.as_ref().expect("connection present until drop");
-        if self.commit_waiting.is_some() && !conn.is_autocommit() {
-            conn.prepare_cached("ROLLBACK")?.execute([])?;
-            conn.prepare_cached("BEGIN")?.execute([])?;
+        if self.commit_waiting.is_some() {
+            restart_read(self.conn.as_ref().expect("connection present until drop"))?;
         }
         Ok(())
     }
