@@ -231,13 +231,19 @@ impl Journal {
         self.commit_waiting.clone()
     }
 
-    /// Commits the batch, asking the readers still going to let go of the
-    /// database meanwhile (see `commit_waiting`).
-    fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
+    /// Runs `commit`, a commit that needs the database to itself, asking
+    /// the readers still going to let go of it meanwhile (see
+    /// `commit_waiting`).
+    pub(super) fn committing<T>(&self, commit: impl FnOnce() -> T) -> T {
         self.commit_waiting.store(true, Ordering::Release);
-        let committed = conn.execute_batch("COMMIT");
+        let committed = commit();
         self.commit_waiting.store(false, Ordering::Release);
         committed
+    }
+
+    /// Commits the batch (see `committing`).
+    fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
+        self.committing(|| conn.execute_batch("COMMIT"))
     }
 
     /// True while commits go through the record log.

@@ -514,15 +514,23 @@ impl Backend for Sqlite {
         if let Some(journal) = &self.journal {
             journal.apply(&conn, &self.checkpointer);
         }
-        let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
-        if mode == AUTO_VACUUM_INCREMENTAL {
-            // It frees one page per step, so it must be stepped to the end.
-            let mut vacuum = conn.prepare("PRAGMA incremental_vacuum")?;
-            let mut steps = vacuum.query([])?;
-            while steps.next()?.is_some() {}
-        } else {
-            conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
-            conn.execute_batch("VACUUM")?;
+        let vacuum = || -> rusqlite::Result<()> {
+            let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+            if mode == AUTO_VACUUM_INCREMENTAL {
+                // It frees one page per step, so it must be stepped to the end.
+                let mut vacuum = conn.prepare("PRAGMA incremental_vacuum")?;
+                let mut steps = vacuum.query([])?;
+                while steps.next()?.is_some() {}
+                Ok(())
+            } else {
+                conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
+                conn.execute_batch("VACUUM")
+            }
+        };
+        // Its commit, as a batch's, needs the database to itself.
+        match self.journal.as_ref().filter(|journal| journal.enabled()) {
+            Some(journal) => journal.committing(vacuum)?,
+            None => vacuum()?,
         }
         // Readers holding old snapshots can keep part of the WAL alive; the
         // next checkpoint finishes the job, so a partial one is no error.
