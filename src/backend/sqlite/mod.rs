@@ -670,6 +670,30 @@ pub(crate) mod tests {
         }
     }
 
+    /// A write that changed nothing (a Txn whose compare failed) leaves the
+    /// batch as it was: committing it would cost a batch's syncs and pages
+    /// for each such Txn.
+    #[tokio::test]
+    async fn a_write_that_changed_nothing_leaves_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let backend = Sqlite::open(&path).unwrap();
+        put(&backend, 2, "a", b"one").await;
+        let mut txn = backend.write().await.unwrap();
+        assert_eq!(txn.revisions().await.unwrap().current, 2);
+        txn.commit().await.unwrap();
+        assert_eq!(rows_in_file(&path), 0, "the batch was committed");
+        put(&backend, 3, "b", b"two").await;
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(
+            read_values(&mut reader, &["a", "b"]).await,
+            [Some(b"one".to_vec()), Some(b"two".to_vec())]
+        );
+        drop(reader);
+        apply_now(&backend).await;
+        assert_eq!(rows_in_file(&path), 2);
+    }
+
     /// A reader that started while rows were unapplied finds them after
     /// their batch is applied (in its memory view or its snapshot, whichever
     /// has them), and its log holds each row once.

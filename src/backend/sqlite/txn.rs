@@ -559,6 +559,11 @@ impl WriteTxn for SqliteWrite {
                 self.checkpointer
                     .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
             }
+            Some(journal) if !self.direct && self.records.is_empty() => {
+                // Nothing changed (a Txn whose compare failed, a read-only
+                // Txn): nothing to record, and no reason to commit the batch.
+                journal.release(&self.conn);
+            }
             Some(journal) => {
                 let records = std::mem::take(&mut self.records);
                 let recorded = !self.direct
