@@ -31,6 +31,8 @@ pub enum OpenFor {
     Serving {
         /// `--poll-interval`.
         poll_interval: Duration,
+        /// As a member of a replicated cluster (SQLite only).
+        replica: bool,
     },
 }
 
@@ -47,7 +49,10 @@ pub async fn with_datastore<J: BackendJob>(
             if open_for == OpenFor::Reading && !path.is_file() {
                 anyhow::bail!("SQLite database {} does not exist", path.display());
             }
-            let backend = Sqlite::open(&path)?;
+            let backend = match open_for {
+                OpenFor::Serving { replica: true, .. } => Sqlite::open_replica(&path)?,
+                _ => Sqlite::open(&path)?,
+            };
             if open_for == OpenFor::BulkLoad {
                 backend.prepare_bulk_load(false).await?;
             }
@@ -56,7 +61,7 @@ pub async fn with_datastore<J: BackendJob>(
         }
         Datastore::Postgres(url) => {
             let mut backend = Postgres::connect(&url, tls).await?;
-            if let OpenFor::Serving { poll_interval } = open_for {
+            if let OpenFor::Serving { poll_interval, .. } = open_for {
                 backend.set_poll_interval(poll_interval);
             }
             tracing::info!("connected to PostgreSQL");
@@ -64,7 +69,7 @@ pub async fn with_datastore<J: BackendJob>(
         }
         Datastore::Mysql(url) => {
             let mut backend = Mysql::connect(&url, tls).await?;
-            if let OpenFor::Serving { poll_interval } = open_for {
+            if let OpenFor::Serving { poll_interval, .. } = open_for {
                 backend.set_poll_interval(poll_interval);
             }
             tracing::info!("connected to MySQL");

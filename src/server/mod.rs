@@ -65,6 +65,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
     let serving = Serving { tls, readiness };
     let open_for = OpenFor::Serving {
         poll_interval: config.poll_interval,
+        replica: config.replicated(),
     };
     let (endpoint, tls) = (config.endpoint.clone(), config.datastore_tls());
     let job = ServeJob {

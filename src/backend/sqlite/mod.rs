@@ -76,16 +76,25 @@ impl Sqlite {
     /// has open: two servers on one file would share a member id and never
     /// see each other's writes.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        Self::open_locked(path, true)
+        Self::open_as(path, true, RECORD_LOG_PAGE_SIZE)
+    }
+
+    /// As `open`, for a member of a replicated cluster: the store's commits
+    /// will go through the Raft log, not the record log
+    /// (`defer_durability`), so a new file gets pages of `PAGE_SIZE`.
+    pub fn open_replica(path: &Path) -> anyhow::Result<Self> {
+        Self::open_as(path, true, PAGE_SIZE)
     }
 
     /// As `open`, without the lock file: for a new file only its creator
     /// knows of (a snapshot being built), which would leave lock files behind.
     pub fn open_scratch(path: &Path) -> anyhow::Result<Self> {
-        Self::open_locked(path, false)
+        Self::open_as(path, false, PAGE_SIZE)
     }
 
-    fn open_locked(path: &Path, lock: bool) -> anyhow::Result<Self> {
+    /// Opens the file at `path`, holding its lock file if `lock`; a new file
+    /// gets pages of `page_size` bytes.
+    fn open_as(path: &Path, lock: bool, page_size: i64) -> anyhow::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create directory {}", dir.display()))?;
@@ -97,6 +106,12 @@ impl Sqlite {
         };
         let mut writer = open_connection(path, false)
             .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+        // Both take effect only in a new file (the page size also in the
+        // VACUUM that gives an older one auto-vacuum, see `defragment`), and
+        // the page size only if set first. Incremental auto-vacuum lets
+        // Defragment shrink the file without a full VACUUM.
+        writer.pragma_update(None, "page_size", page_size)?;
+        writer.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
         // The record log, and with it batches, only for the server's own file.
         let journal_mode = if lock.is_some() { "PERSIST" } else { "WAL" };
         set_journal_mode(&writer, journal_mode)
@@ -366,17 +381,6 @@ fn open_connection(path: &Path, read_only: bool) -> rusqlite::Result<Connection>
     };
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(Duration::from_secs(30))?;
-    if !read_only {
-        // Both take effect only in a database without tables yet (a new
-        // one). Incremental auto-vacuum lets Defragment shrink the file
-        // without a full VACUUM. Pages of 4 KiB: commits reach SQLite in
-        // batches (see `journal`), whose rows fill whole pages, and a 4 KiB
-        // page holds three rows of a 1 KiB value where a 2 KiB page (cetera's
-        // size before the record log, when a commit of one put wrote one
-        // page) holds one.
-        conn.pragma_update(None, "page_size", PAGE_SIZE)?;
-        conn.pragma_update(None, "auto_vacuum", AUTO_VACUUM_INCREMENTAL)?;
-    }
     // synchronous=FULL syncs every commit, so that a commit SQLite makes
     // survives power loss, not only a crash of the process. Readers take the
     // journal mode the writer set (`set_journal_mode`).
@@ -539,8 +543,22 @@ impl Backend for Sqlite {
     }
 }
 
-/// Page size of a new database, in bytes (see `open_connection`).
+/// Page size of a new database whose commits go straight to SQLite (a
+/// member of a replicated cluster, a scratch file), in bytes: in WAL mode
+/// every commit writes each page it changes whole, so a smaller page is a
+/// smaller commit. (Before the record log every database used 2 KiB pages;
+/// those keep them.)
 pub(crate) const PAGE_SIZE: i64 = 4096;
+
+/// Page size of a new server file, whose rows reach SQLite in batches from
+/// the record log (see `journal`), in bytes: a batch appends whole pages of
+/// rows, and a page of 8 KiB holds seven rows of a 1 KiB value where one of
+/// 4 KiB holds three. Measured against 4 KiB (BENCHMARKS.md, issue 28):
+/// 0.1 KB less per put at 400 puts/s and saturated, and less in the
+/// Kubernetes soak; more at 10 puts/s, where a batch's fixed pages (the
+/// last leaf, the counters, page 1, each also copied to the journal)
+/// weigh most.
+pub(crate) const RECORD_LOG_PAGE_SIZE: i64 = 8192;
 
 /// The schema version whose log is keyed by row id (V6__log_by_revision.sql).
 const LOG_BY_REVISION_VERSION: i64 = 6;
@@ -970,6 +988,33 @@ pub(crate) mod tests {
             read_values(&mut reader, &["a", "b"]).await,
             [Some(b"one".to_vec()), Some(b"two".to_vec())]
         );
+    }
+
+    /// A server file, whose rows come in batches, gets the larger pages; a
+    /// replica's or a scratch file, committed to one commit at a time, the
+    /// smaller; and a file keeps the size it was created with.
+    #[tokio::test]
+    async fn page_size_follows_the_record_log() {
+        let dir = tempfile::tempdir().unwrap();
+        // The file's own, as another process reads it.
+        let page_size = |path: &Path| -> i64 {
+            let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+            conn.query_row("PRAGMA page_size", [], |r| r.get(0))
+                .unwrap()
+        };
+        let server = dir.path().join("server.db");
+        let replica = dir.path().join("replica.db");
+        let scratch = dir.path().join("scratch.db");
+        drop(Sqlite::open(&server).unwrap());
+        drop(Sqlite::open_replica(&replica).unwrap());
+        drop(Sqlite::open_scratch(&scratch).unwrap());
+        assert_eq!(page_size(&server), RECORD_LOG_PAGE_SIZE);
+        assert_eq!(page_size(&replica), PAGE_SIZE);
+        assert_eq!(page_size(&scratch), PAGE_SIZE);
+        drop(Sqlite::open_replica(&server).unwrap());
+        drop(Sqlite::open(&replica).unwrap());
+        assert_eq!(page_size(&server), RECORD_LOG_PAGE_SIZE);
+        assert_eq!(page_size(&replica), PAGE_SIZE);
     }
 
     /// Readers let a batch commit through (in rollback journal mode it
