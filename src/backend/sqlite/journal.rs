@@ -348,22 +348,15 @@ impl Journal {
             batch.bytes += bytes;
             batch.removed += removed;
         }
-        // The commit is recorded; should the release fail, the batch is
-        // rebuilt by the next write.
-        self.release(conn);
-        Ok(true)
-    }
-
-    /// Ends a write's savepoint, its changes left in the batch. Should that
-    /// fail, the batch is rolled back, to be rebuilt by the next write.
-    pub(super) fn release(&self, conn: &Connection) {
         if conn
             .prepare_cached("RELEASE write")
             .and_then(|mut s| s.execute([]))
             .is_err()
         {
+            // The commit is recorded; the batch is rebuilt by the next write.
             let _ = conn.execute_batch("ROLLBACK");
         }
+        Ok(true)
     }
 
     /// Commits a write directly: the batch with it, synced by SQLite. On an

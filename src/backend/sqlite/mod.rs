@@ -701,6 +701,12 @@ pub(crate) mod tests {
         assert_eq!(txn.revisions().await.unwrap().current, 2);
         txn.commit().await.unwrap();
         assert_eq!(rows_in_file(&path), 0, "the batch was committed");
+        // Nor does it leave a transaction open when there is no batch.
+        apply_now(&backend).await;
+        let mut txn = backend.write().await.unwrap();
+        txn.revisions().await.unwrap();
+        txn.commit().await.unwrap();
+        assert!(backend.writer.lock().await.is_autocommit());
         put(&backend, 3, "b", b"two").await;
         let mut reader = backend.read().await.unwrap();
         assert_eq!(

@@ -562,7 +562,9 @@ impl WriteTxn for SqliteWrite {
             Some(journal) if !self.direct && self.records.is_empty() => {
                 // Nothing changed (a Txn whose compare failed, a read-only
                 // Txn): nothing to record, and no reason to commit the batch.
-                journal.release(&self.conn);
+                // Taking back its savepoint is keeping it, and ends a batch
+                // that holds nothing else.
+                journal.roll_back(&self.conn);
             }
             Some(journal) => {
                 let records = std::mem::take(&mut self.records);
