@@ -92,6 +92,14 @@ impl Sqlite {
         Self::open_as(path, false, PAGE_SIZE)
     }
 
+    /// The journal while commits go through the record log and reach
+    /// SQLite in batches (not in a scratch file, nor after
+    /// `defer_durability`): writes then record, and readers let a batch
+    /// commit through.
+    fn batching(&self) -> Option<&Arc<Journal>> {
+        self.journal.as_ref().filter(|journal| journal.enabled())
+    }
+
     /// Opens the file at `path`, holding its lock file if `lock`; a new file
     /// gets pages of `page_size` bytes.
     fn open_as(path: &Path, lock: bool, page_size: i64) -> anyhow::Result<Self> {
@@ -416,11 +424,7 @@ impl Backend for Sqlite {
             pool: self.readers.clone(),
             index: Some(self.index.clone()),
             snapshot_revision: None,
-            commit_waiting: self
-                .journal
-                .as_ref()
-                .filter(|journal| journal.enabled())
-                .map(|journal| journal.commit_waiting()),
+            commit_waiting: self.batching().map(|journal| journal.commit_waiting()),
             unapplied,
             removed_below,
         })
@@ -428,7 +432,7 @@ impl Backend for Sqlite {
 
     async fn write(&self) -> BackendResult<SqliteWrite> {
         let conn = self.writer.clone().lock_owned().await;
-        let journal = self.journal.clone().filter(|journal| journal.enabled());
+        let journal = self.batching().cloned();
         match &journal {
             Some(journal) => journal.begin(&conn)?,
             None => conn.execute_batch("BEGIN IMMEDIATE")?,
@@ -532,7 +536,7 @@ impl Backend for Sqlite {
             }
         };
         // Its commit, as a batch's, needs the database to itself.
-        match self.journal.as_ref().filter(|journal| journal.enabled()) {
+        match self.batching() {
             Some(journal) => journal.committing(vacuum)?,
             None => vacuum()?,
         }
