@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark of 3-node clusters: cetera's replicated mode (Raft; each member
-# has its own SQLite files, the Raft log fsynced per append, the store
-# synchronous=NORMAL) against real etcd 3.5.1 (default fsync), all three members of
+# has its own SQLite files, the Raft log fsynced per append, the store taking
+# entries in unsynced batches) against real etcd 3.5.1 (default fsync), all three members of
 # each on this machine (data dirs in a temp dir on disk, free 127.0.0.1 client and peer
 # ports). The etcd cluster runs first and is gone before the
 # cetera cluster starts: they never share the CPUs.
@@ -357,7 +357,7 @@ run_cluster cetera
     echo "- command: scripts/bench-cluster.sh$([[ $QUICK == 1 ]] && echo ' --quick') (put steps of $STEP, 10 puts/s for ${SLOW_SECS}s, $ROUNDS failover round(s))"
     echo "- machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(uname -sr), data dirs on $(df -PT "$WORK" | awk 'NR == 2 { print $1 " (" $2 ")" }')"
     echo "- clusters: 3 members each on this machine, one cluster at a time; the client (cetera-bench) on the same machine"
-    echo "- cetera: $CETERA_REV (replicated mode: Raft log fsynced per append, store synchronous=NORMAL), release build"
+    echo "- cetera: $CETERA_REV (replicated mode: Raft log fsynced per append, store in unsynced batches), release build"
     echo "- etcd: $("$ETCD" --version | head -1 | sed 's/etcd Version: //') (defaults: fsync on every commit, election timeout 1 s, heartbeat 100 ms)"
     echo "- fsync counter: $FSYNC_TOOL; load average (1, 5, 15 min) at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.md"

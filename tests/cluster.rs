@@ -1289,6 +1289,48 @@ async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
     }
 }
 
+/// A member's store reaches its file in batches, about once a second, and
+/// not synced: a member killed right after it applied writes has lost them
+/// from its file, and applies them again from its Raft log when it comes
+/// back, each once (the same revisions as the leader's, not new ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_member_applies_its_lost_batch_again_once() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+    let mut c = member_client(&cluster, leader).await;
+    for i in 0..20 {
+        c.put(format!("batch-{i:02}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    converges(&cluster, follower, leader, "batch-").await;
+    cluster.members[follower].kill();
+    let in_file: i64 = rusqlite::Connection::open(cluster.members[follower].datastore())
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM log WHERE key >= 'batch-'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    eprintln!("the killed member's file held {in_file} of the 20 writes");
+    cluster.members[follower].restart().await;
+    converges(&cluster, follower, leader, "batch-").await;
+    let revision = |i: usize| {
+        let endpoint = cluster.members[i].endpoint();
+        async move {
+            let mut c = client(&[endpoint]).await;
+            let options = GetOptions::new().with_serializable();
+            c.get("batch-19", Some(options))
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision()
+        }
+    };
+    assert_eq!(revision(follower).await, revision(leader).await);
+}
+
 /// The Raft index member `i` reports (Status).
 async fn raft_index(cluster: &Cluster, i: usize) -> u64 {
     status(&cluster.members[i].endpoint())

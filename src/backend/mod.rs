@@ -534,6 +534,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Opens a consistent read-only view.
     fn read(&self) -> impl Future<Output = BackendResult<Self::Read>> + Send;
 
+    /// Opens a consistent read-only view of the database alone: what a
+    /// backend holds in memory on its way to the database (SQLite's batch)
+    /// is committed to it first, so that everything read, the replication
+    /// mark included, is as of one commit. For copies, not for serving.
+    fn read_applied(&self) -> impl Future<Output = BackendResult<Self::Read>> + Send {
+        self.read()
+    }
+
     /// Starts a write transaction; only one is open at a time per instance.
     fn write(&self) -> impl Future<Output = BackendResult<Self::Write>> + Send;
 

@@ -168,7 +168,7 @@ pub(crate) async fn empty_target<W: WriteTxn>(target: &mut W, force: bool) -> an
 /// Writes one consistent view of `backend` to a new snapshot database at
 /// `path` (without the trailer).
 pub async fn write_database<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<()> {
-    let mut source = backend.read().await?;
+    let mut source = backend.read_applied().await?;
     let file = Sqlite::open_scratch(path)?;
     file.prepare_bulk_load(true).await?;
     let mut target = file.write().await?;

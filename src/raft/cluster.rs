@@ -208,9 +208,10 @@ impl Cluster {
         }
         // Every entry is in the fsynced Raft log until a snapshot covers it:
         // the store's own commits need not sync (one fsync per write, not
-        // two), and a snapshot makes the store durable before the log is
-        // purged. After a power loss the store may be behind its log; Raft
-        // applies the rest again, exactly once thanks to the marks.
+        // two) and reach its file in batches, and a snapshot makes the store
+        // durable before the log is purged. After a crash or a power loss
+        // the store may be behind its log; Raft applies the rest again,
+        // exactly once thanks to the marks.
         store.replica().defer_durability().await?;
         let waiters = Arc::new(Waiters::default());
         let state_machine =

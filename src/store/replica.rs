@@ -30,7 +30,7 @@ impl<B: Backend> Replica<'_, B> {
 
     /// The encoded mark of the last applied entry, if any was applied.
     pub async fn mark(&self) -> anyhow::Result<Option<Vec<u8>>> {
-        let mut txn = self.backend().read().await?;
+        let mut txn = self.backend().read_applied().await?;
         txn.replication_mark().await
     }
 

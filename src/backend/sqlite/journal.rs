@@ -28,6 +28,13 @@
 //! row up to that revision is in one or the other, and leases and settings
 //! are read from the unapplied changes first.
 //!
+//! In replicated mode (`Sqlite::defer_durability`) the Raft log is the
+//! durable record of every commit, so the journal stops recording: a commit
+//! only joins the batch, the replication mark with it, and a batch commits
+//! to SQLite (WAL mode, not synced) as it would otherwise; `make_durable`
+//! commits and syncs it before Raft purges its log, and a restart applies
+//! the entries the file does not hold again, from the Raft log.
+//!
 //! The batch's content is always the unapplied changes plus the open
 //! savepoint. Should SQLite lose the batch (a failed commit rolls it back),
 //! it is rebuilt from the unapplied changes when the next write begins.
@@ -44,7 +51,9 @@ use super::checkpointer::{self, Checkpointer};
 use super::key_index::row_id;
 use super::queries::{query_revisions, query_setting};
 use super::record_log::{Change, RecordLog};
-use super::txn::{delete_rows, insert_row, write_lease, write_revisions, write_setting};
+use super::txn::{
+    delete_rows, insert_row, write_lease, write_replication_mark, write_revisions, write_setting,
+};
 use crate::backend::{LeaseRow, LogEntry, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
@@ -81,6 +90,8 @@ struct Pending {
     settings: BTreeMap<String, i64>,
     /// The `meta` row, if a commit changed it.
     revisions: Option<Revisions>,
+    /// The replication mark, if a commit set it (replicated mode only).
+    mark: Option<Vec<u8>>,
 }
 
 impl Pending {
@@ -114,6 +125,7 @@ impl Pending {
             && self.leases.is_empty()
             && self.settings.is_empty()
             && self.revisions.is_none()
+            && self.mark.is_none()
     }
 
     /// Writes them on `conn`, in its open transaction, but for the removed
@@ -131,6 +143,9 @@ impl Pending {
         for (name, value) in &self.settings {
             write_setting(conn, name, *value)?;
         }
+        if let Some(mark) = &self.mark {
+            write_replication_mark(conn, mark)?;
+        }
         Ok(())
     }
 
@@ -144,13 +159,13 @@ impl Pending {
 
 /// The record log, the unapplied changes and the batch's age.
 pub(super) struct Journal {
-    log: Mutex<RecordLog>,
+    /// None once the store stopped syncing its commits (replicated mode,
+    /// where the Raft log is the durable record): commits then only join
+    /// the batch, and a batch is committed without a sync of its own
+    /// (WAL, synchronous=NORMAL) until `Sqlite::make_durable`.
+    log: Mutex<Option<RecordLog>>,
     unapplied: RwLock<Unapplied>,
     batch: Mutex<Batch>,
-    /// False once the store stopped syncing its commits (replicated mode,
-    /// where the Raft log is the durable record): commits then go straight
-    /// to SQLite.
-    enabled: AtomicBool,
     /// True after the batch failed to commit (a full disk, say): commits go
     /// straight to SQLite, taking the batch with them, until one succeeds,
     /// so that the batch waiting for room does not grow.
@@ -214,13 +229,12 @@ impl Journal {
         }
         log.cut()?;
         Ok(Journal {
-            log: Mutex::new(log),
+            log: Mutex::new(Some(log)),
             unapplied: RwLock::new(Unapplied {
                 pending: Arc::default(),
                 revision: 0,
             }),
             batch: Mutex::default(),
-            enabled: AtomicBool::new(true),
             stalled: AtomicBool::new(false),
             commit_waiting: Arc::default(),
         })
@@ -246,19 +260,23 @@ impl Journal {
         self.committing(|| conn.execute_batch("COMMIT"))
     }
 
-    /// True while commits go through the record log.
-    pub(super) fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Acquire)
+    /// True while commits are written to the record log (and the database
+    /// is in rollback journal mode, see `Sqlite::open_as`).
+    pub(super) fn recording(&self) -> bool {
+        self.log.lock().expect("record log poisoned").is_some()
     }
 
-    /// Applies the batch and sends later commits straight to SQLite. The
-    /// record log's file goes (its 64 MiB are not kept for nothing); a
-    /// restart creates it again, empty, until this runs again.
-    pub(super) fn disable(&self, conn: &Connection, checkpointer: &Checkpointer) {
+    /// Applies the batch and stops writing commits to the record log: they
+    /// only join the batch from now on. The record log's file goes (its 64
+    /// MiB are not kept for nothing); a restart creates it again, empty,
+    /// until this runs again. If the batch cannot be applied the log stays,
+    /// and commits are recorded (and synced) as before.
+    pub(super) fn stop_recording(&self, conn: &Connection, checkpointer: &Checkpointer) {
         self.apply(conn, checkpointer);
-        self.enabled.store(false, Ordering::Release);
-        if self.all_applied() {
-            self.log.lock().expect("record log poisoned").remove();
+        if self.all_applied()
+            && let Some(log) = self.log.lock().expect("record log poisoned").take()
+        {
+            log.remove();
         }
     }
 
@@ -310,22 +328,25 @@ impl Journal {
         }
     }
 
-    /// Commits a write whose only changes are `changes`, reaching
-    /// `revision`: records them, then leaves them in the batch. False, with
-    /// nothing done, if the record log cannot take them: the write then
-    /// commits directly.
+    /// Commits a write whose only changes are `changes` and `mark`,
+    /// reaching `revision`: records them (unless recording stopped), then
+    /// leaves them in the batch. False, with nothing done, if the record log
+    /// cannot take them: the write then commits directly.
     pub(super) fn commit_changes(
         &self,
         conn: &Connection,
         changes: Vec<Change>,
+        mark: Option<Vec<u8>>,
         bytes: usize,
         revision: i64,
     ) -> std::io::Result<bool> {
-        let mut log = self.log.lock().expect("record log poisoned");
-        if !log.append(&changes)? {
+        if let Some(log) = self.log.lock().expect("record log poisoned").as_mut()
+            && (mark.is_some() || !log.append(&changes)?)
+        {
+            // The record log holds no marks: a recording store commits one
+            // directly (`SqliteWrite::set_replication_mark`).
             return Ok(false);
         }
-        drop(log);
         let removed = changes
             .iter()
             .filter(|change| matches!(change, Change::RowRemoved(_)))
@@ -338,6 +359,9 @@ impl Journal {
                 .expect("unapplied changes poisoned");
             for change in changes {
                 pending.add(change);
+            }
+            if mark.is_some() {
+                pending.mark = mark;
             }
             drop(pending);
             unapplied.revision = unapplied.revision.max(revision);
@@ -392,22 +416,29 @@ impl Journal {
             || batch.removed >= APPLY_REMOVALS
     }
 
-    /// Commits the batch to SQLite (synced) and cuts the record log. A
-    /// failure is logged: the commits are in the record log, and the batch
-    /// is rebuilt and tried again by the next write.
+    /// Commits the batch to SQLite (synced, while recording) and cuts the
+    /// record log. A failure is logged: the commits are in the record log
+    /// (or the Raft log), and the batch is rebuilt and tried again by the
+    /// next write.
     pub(super) fn apply(&self, conn: &Connection, checkpointer: &Checkpointer) {
+        if let Err(error) = self.try_apply(conn, checkpointer) {
+            tracing::warn!("cannot apply the record log's commits: {error}");
+        }
+    }
+
+    /// As `apply`, returning the failure.
+    pub(super) fn try_apply(
+        &self,
+        conn: &Connection,
+        checkpointer: &Checkpointer,
+    ) -> anyhow::Result<()> {
         if conn.is_autocommit() {
             if self.all_applied() {
-                return;
+                return Ok(());
             }
             // SQLite lost the batch: rebuild it.
-            if let Err(error) = self
-                .begin(conn)
-                .and_then(|()| conn.execute_batch("RELEASE write"))
-            {
-                tracing::warn!("cannot apply the record log's commits: {error}");
-                return;
-            }
+            self.begin(conn)
+                .and_then(|()| conn.execute_batch("RELEASE write"))?;
         }
         let committed = self
             .view()
@@ -416,21 +447,21 @@ impl Journal {
             .and_then(|()| self.note_applied(conn))
             .and_then(|()| self.commit(conn));
         if let Err(error) = committed {
-            tracing::warn!("cannot apply the record log's commits: {error}");
             let _ = conn.execute_batch("ROLLBACK");
             self.stalled.store(true, Ordering::Release);
-            return;
+            return Err(error.into());
         }
         checkpointer.after_commit(conn, checkpointer::wal_pages_after_commit());
         if let Err(error) = self.applied() {
             tracing::warn!("cannot cut the record log: {error}");
         }
+        Ok(())
     }
 
     /// Notes in the batch the record log generation it holds.
     fn note_applied(&self, conn: &Connection) -> rusqlite::Result<()> {
         let log = self.log.lock().expect("record log poisoned");
-        if log.has_frames() {
+        if let Some(log) = log.as_ref().filter(|log| log.has_frames()) {
             write_setting(conn, APPLIED_GENERATION, log.generation as i64)?;
         }
         Ok(())
@@ -455,7 +486,10 @@ impl Journal {
         }
         *self.batch.lock().expect("batch poisoned") = Batch::default();
         self.stalled.store(false, Ordering::Release);
-        self.log.lock().expect("record log poisoned").cut()
+        match self.log.lock().expect("record log poisoned").as_mut() {
+            Some(log) => log.cut(),
+            None => Ok(()),
+        }
     }
 }
 

@@ -40,11 +40,11 @@ use rusqlite::{Connection, OpenFlags};
 
 use self::applier::Applier;
 use self::checkpointer::Checkpointer;
-use self::journal::Journal;
+use self::journal::{Journal, UnappliedView};
 use self::key_index::KeyIndex;
 use self::txn::SharedIndex;
 pub use self::txn::{SqliteRead, SqliteWrite};
-use super::{Backend, BackendResult, DatabaseSize};
+use super::{Backend, BackendResult, DatabaseSize, ReadTxn};
 
 mod migrations {
     refinery::embed_migrations!("migrations/sqlite");
@@ -80,8 +80,9 @@ impl Sqlite {
     }
 
     /// As `open`, for a member of a replicated cluster: the store's commits
-    /// will go through the Raft log, not the record log
-    /// (`defer_durability`), so a new file gets pages of `PAGE_SIZE`.
+    /// will be recorded by the Raft log, not the record log, and its file
+    /// kept in WAL mode (`defer_durability`), so a new file gets pages of
+    /// `PAGE_SIZE`.
     pub fn open_replica(path: &Path) -> anyhow::Result<Self> {
         Self::open_as(path, true, PAGE_SIZE)
     }
@@ -92,12 +93,12 @@ impl Sqlite {
         Self::open_as(path, false, PAGE_SIZE)
     }
 
-    /// The journal while commits go through the record log and reach
-    /// SQLite in batches (not in a scratch file, nor after
-    /// `defer_durability`): writes then record, and readers let a batch
-    /// commit through.
-    fn batching(&self) -> Option<&Arc<Journal>> {
-        self.journal.as_ref().filter(|journal| journal.enabled())
+    /// The journal while commits go through the record log (rollback
+    /// journal mode; not after `defer_durability`, which puts the file in
+    /// WAL mode): readers then let a batch commit through, as SQLite
+    /// commits only once no reader holds the database.
+    fn recording(&self) -> Option<&Arc<Journal>> {
+        self.journal.as_ref().filter(|journal| journal.recording())
     }
 
     /// Opens the file at `path`, holding its lock file if `lock`; a new file
@@ -266,6 +267,28 @@ impl Sqlite {
         Ok(())
     }
 
+    /// A read transaction that sees `unapplied` beyond what SQLite holds.
+    fn reader(&self, unapplied: Option<UnappliedView>) -> BackendResult<SqliteRead> {
+        let conn = self.take_reader()?;
+        let removed_below = self
+            .index
+            .read()
+            .expect("key index poisoned")
+            .removed_below();
+        // Cached, as every read begins and ends this way: parsing BEGIN and
+        // ROLLBACK each time is a visible part of a single-key read.
+        conn.prepare_cached("BEGIN")?.execute([])?;
+        Ok(SqliteRead {
+            conn: Some(conn),
+            pool: self.readers.clone(),
+            index: Some(self.index.clone()),
+            snapshot_revision: None,
+            commit_waiting: self.recording().map(|journal| journal.commit_waiting()),
+            unapplied,
+            removed_below,
+        })
+    }
+
     fn take_reader(&self) -> BackendResult<Connection> {
         let idle = self.readers.lock().expect("reader pool poisoned").pop();
         match idle {
@@ -410,29 +433,26 @@ impl Backend for Sqlite {
     async fn read(&self) -> BackendResult<SqliteRead> {
         // Before the snapshot starts (see `journal`).
         let unapplied = self.journal.as_ref().map(|journal| journal.view());
-        let conn = self.take_reader()?;
-        let removed_below = self
-            .index
-            .read()
-            .expect("key index poisoned")
-            .removed_below();
-        // Cached, as every read begins and ends this way: parsing BEGIN and
-        // ROLLBACK each time is a visible part of a single-key read.
-        conn.prepare_cached("BEGIN")?.execute([])?;
-        Ok(SqliteRead {
-            conn: Some(conn),
-            pool: self.readers.clone(),
-            index: Some(self.index.clone()),
-            snapshot_revision: None,
-            commit_waiting: self.batching().map(|journal| journal.commit_waiting()),
-            unapplied,
-            removed_below,
-        })
+        self.reader(unapplied)
+    }
+
+    async fn read_applied(&self) -> BackendResult<SqliteRead> {
+        let Some(journal) = &self.journal else {
+            return self.read().await;
+        };
+        let writer = self.writer.lock().await;
+        journal.try_apply(&writer, &self.checkpointer)?;
+        let mut read = self.reader(None)?;
+        // The snapshot starts at the first read: here, before the writer
+        // can commit anything more.
+        read.revisions().await?;
+        drop(writer);
+        Ok(read)
     }
 
     async fn write(&self) -> BackendResult<SqliteWrite> {
         let conn = self.writer.clone().lock_owned().await;
-        let journal = self.batching().cloned();
+        let journal = self.journal.clone();
         match &journal {
             Some(journal) => journal.begin(&conn)?,
             None => conn.execute_batch("BEGIN IMMEDIATE")?,
@@ -452,6 +472,7 @@ impl Backend for Sqlite {
             journal,
             records: Vec::new(),
             record_bytes: 0,
+            mark: None,
             direct: false,
             finishes_compaction: false,
         })
@@ -466,21 +487,30 @@ impl Backend for Sqlite {
         true
     }
 
-    /// synchronous=NORMAL: in WAL mode a commit is then consistent after a
-    /// power loss but may be lost, and the WAL is synced only by
-    /// checkpoints and `make_durable`.
+    /// Commits stop going through the record log and reach SQLite only in
+    /// the journal's batches, each second or so, as etcd's backend commits
+    /// every 100 ms: a commit one entry at a time wrote each page it
+    /// changed to the WAL, and again at the checkpoint (BENCHMARKS.md,
+    /// issue 28, replicated mode). WAL mode with synchronous=NORMAL: a
+    /// batch's commit is then consistent after a power loss but may be
+    /// lost, and the WAL is synced only by checkpoints and `make_durable`.
     async fn defer_durability(&self) -> BackendResult<()> {
         let conn = self.writer.lock().await;
         if let Some(journal) = &self.journal {
-            journal.disable(&conn, &self.checkpointer);
+            journal.stop_recording(&conn, &self.checkpointer);
         }
         set_journal_mode(&conn, "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(())
     }
 
-    /// Syncs the WAL (every commit so far) and the database file.
+    /// Commits the batch, then syncs the WAL (every commit so far) and the
+    /// database file.
     async fn make_durable(&self) -> BackendResult<()> {
+        if let Some(journal) = &self.journal {
+            let conn = self.writer.lock().await;
+            journal.try_apply(&conn, &self.checkpointer)?;
+        }
         let mut wal = self.path.clone().into_os_string();
         wal.push("-wal");
         let files = [std::path::PathBuf::from(wal), self.path.clone()];
@@ -536,7 +566,7 @@ impl Backend for Sqlite {
             }
         };
         // Its commit, as a batch's, needs the database to itself.
-        match self.batching() {
+        match self.recording() {
             Some(journal) => journal.committing(vacuum)?,
             None => vacuum()?,
         }
@@ -547,11 +577,10 @@ impl Backend for Sqlite {
     }
 }
 
-/// Page size of a new database whose commits go straight to SQLite (a
-/// member of a replicated cluster, a scratch file), in bytes: in WAL mode
-/// every commit writes each page it changes whole, so a smaller page is a
-/// smaller commit. (Before the record log every database used 2 KiB pages;
-/// those keep them.)
+/// Page size of a new database in WAL mode (a member of a replicated
+/// cluster, a scratch file), in bytes: every commit writes each page it
+/// changes whole, so a smaller page is a smaller commit. (Before the record
+/// log every database used 2 KiB pages; those keep them.)
 pub(crate) const PAGE_SIZE: i64 = 4096;
 
 /// Page size of a new server file, whose rows reach SQLite in batches from
@@ -945,21 +974,61 @@ pub(crate) mod tests {
     }
 
     /// Replicated mode (commits not synced, the Raft log being the record):
-    /// the batch is applied, the record log's file removed, and commits go
-    /// straight to SQLite.
+    /// the batch is applied and the record log's file removed; later
+    /// commits, the replication mark with them, reach the file in batches,
+    /// and a read for a copy (`read_applied`) or `make_durable` commits the
+    /// batch first, so that the mark read is that of the rows read.
     #[tokio::test]
-    async fn deferred_durability_commits_straight_to_sqlite() {
+    async fn deferred_durability_commits_in_batches_with_the_mark() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
-        let backend = Sqlite::open(&path).unwrap();
+        let backend = Sqlite::open_replica(&path).unwrap();
         let records = record_log::RecordLog::path_of(&path);
         put(&backend, 2, "a", b"one").await;
         assert!(records.exists());
         backend.defer_durability().await.unwrap();
         assert_eq!(rows_in_file(&path), 1);
         assert!(!records.exists());
-        put(&backend, 3, "b", b"two").await;
+
+        apply_entry(&backend, Some(3), b"mark 3").await;
+        assert_eq!(rows_in_file(&path), 1, "committed before its batch was due");
+        let mut reader = backend.read().await.unwrap();
+        assert_eq!(read_values(&mut reader, &["k3"]).await, [Some(Vec::new())]);
+        drop(reader);
+        // An entry that changes no key (a blank or membership entry) moves
+        // the mark alone, and a batch SQLite lost is rebuilt with it.
+        apply_entry(&backend, None, b"mark 4").await;
+        lose_the_batch(&backend).await;
+        let mut copy = backend.read_applied().await.unwrap();
+        assert_eq!(copy.revisions().await.unwrap().current, 3);
+        assert_eq!(copy.replication_mark().await.unwrap().unwrap(), b"mark 4");
+        drop(copy);
         assert_eq!(rows_in_file(&path), 2);
+
+        apply_entry(&backend, Some(5), b"mark 5").await;
+        backend.make_durable().await.unwrap();
+        assert_eq!(rows_in_file(&path), 3);
+        let file = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let mark: Vec<u8> = file
+            .query_row("SELECT mark FROM replication", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mark, b"mark 5");
+    }
+
+    /// Commits a Raft entry's application: a put of `k{revision}` if given,
+    /// and the replication `mark`.
+    async fn apply_entry(backend: &Sqlite, revision: Option<i64>, mark: &[u8]) {
+        let mut txn = backend.write().await.unwrap();
+        if let Some(revision) = revision {
+            let mut revisions = txn.revisions().await.unwrap();
+            txn.append(&LogEntry::of_key(&format!("k{revision}"), revision, false))
+                .await
+                .unwrap();
+            revisions.current = revision;
+            txn.set_revisions(revisions).await.unwrap();
+        }
+        txn.set_replication_mark(mark).await.unwrap();
+        txn.commit().await.unwrap();
     }
 
     /// The server's file takes batches in rollback journal mode (PERSIST);
@@ -1116,7 +1185,7 @@ pub(crate) mod tests {
     async fn checkpoint_thread_moves_the_wal_into_the_database() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
-        let backend = Sqlite::open(&path).unwrap();
+        let backend = Sqlite::open_replica(&path).unwrap();
         backend.defer_durability().await.unwrap();
         let size = || std::fs::metadata(&path).unwrap().len();
         let before = size();

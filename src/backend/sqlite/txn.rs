@@ -93,6 +93,9 @@ pub struct SqliteWrite {
     pub(super) records: Vec<Change>,
     /// The bytes of `records`.
     pub(super) record_bytes: usize,
+    /// The replication mark this write set, for the batch (replicated mode,
+    /// where the journal does not record).
+    pub(super) mark: Option<Vec<u8>>,
     /// True once the write changed what the record log does not hold
     /// (auth, alarms, a restore, ...): it then commits directly to SQLite.
     pub(super) direct: bool,
@@ -538,9 +541,14 @@ impl WriteTxn for SqliteWrite {
     }
 
     async fn set_replication_mark(&mut self, mark: &[u8]) -> BackendResult<()> {
-        self.direct()
-            .prepare_cached("INSERT OR REPLACE INTO replication (id, mark) VALUES (1, ?1)")?
-            .execute([mark])?;
+        // Once the journal stops recording (replicated mode) the mark rides
+        // in the batch with the entry's changes; the record log has no
+        // place for one, so until then it is committed directly.
+        match &self.journal {
+            Some(journal) if !journal.recording() => self.mark = Some(mark.to_vec()),
+            _ => self.direct = true,
+        }
+        write_replication_mark(&self.conn, mark)?;
         Ok(())
     }
 
@@ -559,7 +567,7 @@ impl WriteTxn for SqliteWrite {
                 self.checkpointer
                     .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
             }
-            Some(journal) if !self.direct && self.records.is_empty() => {
+            Some(journal) if !self.direct && self.records.is_empty() && self.mark.is_none() => {
                 // Nothing changed (a Txn whose compare failed, a read-only
                 // Txn): nothing to record, and no reason to commit the batch.
                 // Taking back its savepoint is keeping it, and ends a batch
@@ -569,11 +577,11 @@ impl WriteTxn for SqliteWrite {
             Some(journal) => {
                 let records = std::mem::take(&mut self.records);
                 let recorded = !self.direct
-                    && !records.is_empty()
                     && !journal.stalled()
                     && journal.commit_changes(
                         &self.conn,
                         records,
+                        self.mark.take(),
                         self.record_bytes,
                         self.last_appended,
                     )?;
@@ -624,6 +632,13 @@ pub(super) fn write_revisions(conn: &Connection, revisions: &Revisions) -> rusql
         revisions.compact,
         revisions.compacted_through
     ])?;
+    Ok(())
+}
+
+/// Writes the replication mark.
+pub(super) fn write_replication_mark(conn: &Connection, mark: &[u8]) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT OR REPLACE INTO replication (id, mark) VALUES (1, ?1)")?
+        .execute([mark])?;
     Ok(())
 }
 
