@@ -164,6 +164,9 @@ pub(super) struct Journal {
     /// the batch, and a batch is committed without a sync of its own
     /// (WAL, synchronous=NORMAL) until `Sqlite::make_durable`.
     log: Mutex<Option<RecordLog>>,
+    /// Whether `log` is Some, for readers: the writer holds `log` through
+    /// each commit's sync.
+    recording: AtomicBool,
     unapplied: RwLock<Unapplied>,
     batch: Mutex<Batch>,
     /// True after the batch failed to commit (a full disk, say): commits go
@@ -230,6 +233,7 @@ impl Journal {
         log.cut()?;
         Ok(Journal {
             log: Mutex::new(Some(log)),
+            recording: AtomicBool::new(true),
             unapplied: RwLock::new(Unapplied {
                 pending: Arc::default(),
                 revision: 0,
@@ -263,7 +267,7 @@ impl Journal {
     /// True while commits are written to the record log (and the database
     /// is in rollback journal mode, see `Sqlite::open_as`).
     pub(super) fn recording(&self) -> bool {
-        self.log.lock().expect("record log poisoned").is_some()
+        self.recording.load(Ordering::Acquire)
     }
 
     /// Applies the batch and stops writing commits to the record log: they
@@ -276,6 +280,7 @@ impl Journal {
         if self.all_applied()
             && let Some(log) = self.log.lock().expect("record log poisoned").take()
         {
+            self.recording.store(false, Ordering::Release);
             log.remove();
         }
     }
