@@ -1306,12 +1306,17 @@ async fn a_killed_member_applies_its_lost_batch_again_once() {
     }
     converges(&cluster, follower, leader, "batch-").await;
     cluster.members[follower].kill();
-    let in_file: i64 = rusqlite::Connection::open(cluster.members[follower].datastore())
-        .unwrap()
-        .query_row("SELECT COUNT(*) FROM log WHERE key >= 'batch-'", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
+    // Read-only, so that closing it does not checkpoint the killed member's
+    // WAL into its file before the restart.
+    let in_file: i64 = rusqlite::Connection::open_with_flags(
+        cluster.members[follower].datastore(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap()
+    .query_row("SELECT COUNT(*) FROM log WHERE key >= 'batch-'", [], |r| {
+        r.get(0)
+    })
+    .unwrap();
     eprintln!("the killed member's file held {in_file} of the 20 writes");
     cluster.members[follower].restart().await;
     converges(&cluster, follower, leader, "batch-").await;

@@ -427,7 +427,7 @@ impl Journal {
     /// next write.
     pub(super) fn apply(&self, conn: &Connection, checkpointer: &Checkpointer) {
         if let Err(error) = self.try_apply(conn, checkpointer) {
-            tracing::warn!("cannot apply the record log's commits: {error}");
+            tracing::warn!("cannot commit the batch to SQLite: {error}");
         }
     }
 
