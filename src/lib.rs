@@ -83,6 +83,9 @@
 //!   server databases (`key_reads.rs`), what an endpoint names (`datastore.rs`), opening any
 //!   datastore (`open.rs`), the settings rows (`settings.rs`), cetera's
 //!   SQLite snapshots (`snapshot.rs`).
+//! - `frame_file` (`src/frame_file.rs`): checksummed frames in a preallocated
+//!   file reused in generations, etcd's WAL shape: the file under the SQLite
+//!   record log and the Raft log.
 //! - `metrics` (`src/metrics/`): the Prometheus registry every layer counts in.
 //! - `go_duration` (`src/go_duration.rs`): Go's duration syntax, for the etcd
 //!   flags written that way.
@@ -103,6 +106,7 @@ pub(crate) mod auth;
 pub mod backend;
 pub mod bbolt;
 pub mod config;
+pub(crate) mod frame_file;
 pub(crate) mod gateway;
 pub(crate) mod go_duration;
 pub(crate) mod metrics;

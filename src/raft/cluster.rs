@@ -63,8 +63,11 @@ pub struct ClusterOptions {
     pub peer_listen_address: SocketAddr,
     /// This member's name and addresses, as others reach it.
     pub member: Member,
-    /// The replicated log's file.
-    pub log_path: PathBuf,
+    /// The replicated log's directory.
+    pub log_dir: PathBuf,
+    /// The replicated log's SQLite file of an older cetera, carried over
+    /// into `log_dir` if found.
+    pub old_log_path: PathBuf,
     /// Where a made-up token is written for the other members to use.
     pub token_path: PathBuf,
     /// Folder for snapshot files in transit.
@@ -195,8 +198,8 @@ impl Cluster {
         options: ClusterOptions,
         store: Arc<Store<B>>,
     ) -> anyhow::Result<Arc<Cluster>> {
-        let log = LogStore::open(&options.log_path)
-            .with_context(|| format!("cannot open the Raft log {}", options.log_path.display()))?;
+        let log = LogStore::open(&options.log_dir, &options.old_log_path)
+            .with_context(|| format!("cannot open the Raft log {}", options.log_dir.display()))?;
         let was_member = !log.is_empty()?;
         let token = cluster_token(&options, was_member)?;
         if matches!(options.mode, JoinMode::Join { .. }) && !was_member && holds_data(&store) {

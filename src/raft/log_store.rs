@@ -1,162 +1,476 @@
-//! The replicated log of this member, in an SQLite file of its own beside the
-//! store: entries, the vote and how far the log was purged. Every append is
-//! fsynced before openraft hears it is done, so a member never acknowledges
-//! an entry it could lose. The commit index is not kept: the store records
-//! what it applied (see `state_machine`), and the leader tells the rest.
+//! The replicated log of this member, in the shape of etcd's WAL: a
+//! directory of segment files (`FrameFile`s), where each write (an append's
+//! entries, a vote, a truncation, a purge) is one or a few frames of
+//! records, made durable by one fdatasync before openraft hears it is done,
+//! so a member never acknowledges an entry it could lose. An entry is
+//! written once, as its own bytes: an SQLite log wrote each append's pages
+//! whole to its WAL and again at the checkpoint.
+//!
+//! Segments are named by a slot number (`00000003.wal`) and preallocated to
+//! `SEGMENT_BYTES`. Frames go to the current segment; when it is full, a
+//! segment whose entries are all purged starts over in a new generation
+//! (reused, not removed and created, so that its syncs have no file
+//! metadata to journal), or a new one is created. Every segment starts
+//! with a frame of the vote and the purge, so no older segment is needed
+//! for them. At open, the segments' frames are replayed in generation
+//! order; memory keeps where each entry is, and reads come from the files.
+//!
+//! The commit index is not kept: the store records what it applied (see
+//! `state_machine`), and the leader tells the rest. A log of an older
+//! cetera, an SQLite file, is carried over at the first open (`legacy`).
 
+mod legacy;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use anyhow::Context;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
-use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::{LogId, StorageError, TypeConfig, any_error};
+use crate::frame_file::{FRAME_HEADER_BYTES, FrameFile, HEADER_BYTES, sync_directory};
 use crate::metrics::metrics;
 
 type Entry = openraft::Entry<TypeConfig>;
 
+/// The first bytes of a segment's header.
+const MAGIC: &[u8; 8] = b"cetera-l";
+
+/// Size a segment is preallocated to, as etcd's WAL files. A segment holds
+/// what was appended since the one before it filled; openraft purges the
+/// log after each snapshot (every 10,000 entries), so two segments are
+/// usually enough.
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Records are packed into frames of about this size at most: a large
+/// append is several frames, each of which fits in a segment.
+const FRAME_BYTES: usize = 1 << 20;
+
+/// The tags of a frame's records; each is `tag | length (u32) | bytes`.
+const ENTRY: u8 = 0;
+const VOTE: u8 = 1;
+const PURGED: u8 = 2;
+const TRUNCATED: u8 = 3;
+
+/// Bytes of a record's tag and length.
+const RECORD_HEADER_BYTES: usize = 5;
+
 /// The log, shared by openraft's writer and readers.
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<Mutex<Connection>>,
+    log: Arc<Mutex<Log>>,
 }
 
-const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS entry (
-        idx  INTEGER PRIMARY KEY,
-        data BLOB NOT NULL
-    );
-    CREATE TABLE IF NOT EXISTS state (
-        name TEXT PRIMARY KEY,
-        data BLOB NOT NULL
-    );
-";
-
-/// Page size of a new log file, in bytes. Each append is one commit,
-/// which writes the pages it changed whole to the WAL, and the checkpoint
-/// writes them again: with pages of 1 KiB an append of a few entries
-/// writes about what they hold, where one of 4 KiB (SQLite's default)
-/// wrote a whole 4 KiB leaf. Measured on 3 members (BENCHMARKS.md, issue
-/// 28, replicated mode): a quarter less written per put, throughput the
-/// same.
-const LOG_PAGE_SIZE: i64 = 1024;
-
-/// Names of the `state` rows.
-const VOTE: &str = "vote";
-const PURGED: &str = "purged";
-
 impl LogStore {
-    /// Opens (creating if needed) the log at `path`.
-    pub fn open(path: &Path) -> anyhow::Result<LogStore> {
-        let conn = Connection::open(path)?;
-        // Before WAL mode, so that a new file takes it (an existing one
-        // keeps its own).
-        conn.pragma_update(None, "page_size", LOG_PAGE_SIZE)?;
-        // WAL with FULL sync: each commit is fsynced.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(SCHEMA)?;
+    /// Opens (creating if needed) the log in the directory `dir`, first
+    /// carrying over the SQLite log of an older cetera at `legacy`, if any.
+    pub fn open(dir: &Path, legacy: &Path) -> anyhow::Result<LogStore> {
+        legacy::carry_over(legacy, dir)?;
         Ok(LogStore {
-            db: Arc::new(Mutex::new(conn)),
+            log: Arc::new(Mutex::new(Log::open(dir, SEGMENT_BYTES)?)),
         })
     }
 
     /// Whether the log holds anything: a vote, an entry or a purge.
     pub fn is_empty(&self) -> anyhow::Result<bool> {
-        let db = self.lock();
-        let rows: i64 = db.query_row(
-            "SELECT (SELECT COUNT(*) FROM entry) + (SELECT COUNT(*) FROM state)",
-            [],
-            |r| r.get(0),
-        )?;
-        Ok(rows == 0)
+        let log = self.lock();
+        Ok(log.vote.is_none() && log.purged.is_none() && log.entries.is_empty())
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.db.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A record of the log, as written.
+enum Record<'a> {
+    Entry(&'a Entry),
+    Vote(&'a Vote<u64>),
+    Purged(&'a LogId),
+    /// The entries from this index on are removed.
+    Truncated(u64),
+}
+
+/// A record of the log, as replayed: an entry is where its bytes are.
+enum Replayed {
+    Entry(Located),
+    Vote(Vote<u64>),
+    Purged(LogId),
+    Truncated(u64),
+}
+
+/// Where an entry's bytes are.
+#[derive(Clone, Copy)]
+struct Located {
+    log_id: LogId,
+    slot: u32,
+    offset: u64,
+    length: u32,
+}
+
+/// A segment file.
+struct Segment {
+    file: FrameFile,
+    /// The highest index of an entry written to it in its generation: once
+    /// the log is purged through it, the segment can be reused.
+    last_index: Option<u64>,
+    /// Whether frames were written to it since its last sync.
+    unsynced: bool,
+}
+
+/// The log's files and what memory keeps of them.
+struct Log {
+    dir: PathBuf,
+    segment_bytes: u64,
+    /// The segment files, by slot number.
+    segments: BTreeMap<u32, Segment>,
+    /// The slot frames are written to.
+    current: u32,
+    /// The entries after the purge, in index order, without gaps.
+    entries: VecDeque<Located>,
+    vote: Option<Vote<u64>>,
+    purged: Option<LogId>,
+}
+
+impl Log {
+    /// Opens the log in `dir`, creating the directory and a first segment
+    /// if needed, and replays its frames.
+    fn open(dir: &Path, segment_bytes: u64) -> anyhow::Result<Log> {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            if let Some(parent) = dir.parent() {
+                sync_directory(parent)?;
+            }
+        }
+        let mut log = Log {
+            dir: dir.to_owned(),
+            segment_bytes,
+            segments: BTreeMap::new(),
+            current: 0,
+            entries: VecDeque::new(),
+            vote: None,
+            purged: None,
+        };
+        let mut frames = Vec::new();
+        for item in std::fs::read_dir(dir)? {
+            let path = item?.path();
+            let Some(slot) = slot_of(&path) else {
+                continue;
+            };
+            if std::fs::metadata(&path)?.len() < HEADER_BYTES {
+                // Created, but the power went before it was preallocated.
+                std::fs::remove_file(&path)?;
+                continue;
+            }
+            let (file, payloads) = FrameFile::open(&path, MAGIC)?;
+            frames.push((file.generation(), slot, payloads));
+            log.segments.insert(
+                slot,
+                Segment {
+                    file,
+                    last_index: None,
+                    unsynced: false,
+                },
+            );
+        }
+        frames.sort_by_key(|(generation, slot, _)| (*generation, *slot));
+        for (_, slot, payloads) in &frames {
+            log.current = *slot;
+            for frame in payloads {
+                let records = decode(&frame.payload, *slot, frame.payload_at);
+                for record in records.with_context(|| {
+                    format!(
+                        "the Raft log segment {} has a damaged frame at {}",
+                        log.path_of(*slot).display(),
+                        frame.payload_at
+                    )
+                })? {
+                    log.apply(record)?;
+                }
+            }
+        }
+        if log.segments.is_empty() {
+            log.create_segment(0, 1, segment_bytes)?;
+            sync_directory(dir)?;
+        }
+        Ok(log)
     }
 
-    fn read_state<T: DeserializeOwned>(&self, name: &str) -> anyhow::Result<Option<T>> {
-        let db = self.lock();
-        let data: Option<Vec<u8>> = db
-            .prepare_cached("SELECT data FROM state WHERE name = ?1")?
-            .query_row([name], |r| r.get(0))
-            .optional()?;
-        Ok(match data {
-            Some(data) => Some(postcard::from_bytes(&data)?),
-            None => None,
-        })
+    fn path_of(&self, slot: u32) -> PathBuf {
+        self.dir.join(format!("{slot:08}.wal"))
     }
 
-    fn write_state<T: Serialize>(&self, name: &str, value: &T) -> anyhow::Result<()> {
-        let data = postcard::to_stdvec(value)?;
-        let db = self.lock();
-        db.prepare_cached("INSERT OR REPLACE INTO state (name, data) VALUES (?1, ?2)")?
-            .execute(params![name, data])?;
+    fn create_segment(&mut self, slot: u32, generation: u64, capacity: u64) -> anyhow::Result<()> {
+        let file = FrameFile::create(&self.path_of(slot), MAGIC, capacity, generation)?;
+        self.segments.insert(
+            slot,
+            Segment {
+                file,
+                last_index: None,
+                unsynced: false,
+            },
+        );
+        self.current = slot;
         Ok(())
     }
 
-    fn last_entry(&self) -> anyhow::Result<Option<Entry>> {
-        let db = self.lock();
-        let data: Option<Vec<u8>> = db
-            .prepare_cached("SELECT data FROM entry ORDER BY idx DESC LIMIT 1")?
-            .query_row([], |r| r.get(0))
-            .optional()?;
-        Ok(match data {
-            Some(data) => Some(postcard::from_bytes(&data)?),
-            None => None,
-        })
+    /// Brings memory up to `record`, one written or replayed.
+    fn apply(&mut self, record: Replayed) -> anyhow::Result<()> {
+        match record {
+            Replayed::Entry(located) => {
+                let index = located.log_id.index;
+                let segment = self.segments.get_mut(&located.slot).expect("its segment");
+                segment.last_index = segment.last_index.max(Some(index));
+                if self.purged.is_some_and(|purged| index <= purged.index) {
+                    return Ok(());
+                }
+                self.truncate_from(index);
+                if let Some(last) = self.entries.back() {
+                    anyhow::ensure!(
+                        last.log_id.index + 1 == index,
+                        "the Raft log has a gap: entry {index} after {}",
+                        last.log_id.index
+                    );
+                }
+                self.entries.push_back(located);
+            }
+            Replayed::Vote(vote) => self.vote = Some(vote),
+            Replayed::Purged(log_id) => {
+                if self.purged.is_none_or(|purged| purged.index < log_id.index) {
+                    self.purged = Some(log_id);
+                }
+                while self
+                    .entries
+                    .front()
+                    .is_some_and(|first| first.log_id.index <= log_id.index)
+                {
+                    self.entries.pop_front();
+                }
+            }
+            Replayed::Truncated(index) => self.truncate_from(index),
+        }
+        Ok(())
     }
 
-    fn entries(&self, start: u64, end: Option<u64>) -> anyhow::Result<Vec<Entry>> {
-        let db = self.lock();
-        let end = end.map_or(i64::MAX, |end| end.min(i64::MAX as u64) as i64);
-        let mut statement =
-            db.prepare_cached("SELECT data FROM entry WHERE idx >= ?1 AND idx < ?2 ORDER BY idx")?;
-        let rows = statement.query_map(params![start as i64, end], |r| r.get::<_, Vec<u8>>(0))?;
-        let mut entries = Vec::new();
-        for data in rows {
-            entries.push(postcard::from_bytes(&data?)?);
+    fn truncate_from(&mut self, index: u64) {
+        while self
+            .entries
+            .back()
+            .is_some_and(|last| last.log_id.index >= index)
+        {
+            self.entries.pop_back();
+        }
+    }
+
+    /// Writes `records` in frames of up to `FRAME_BYTES`, syncs them and
+    /// applies them.
+    fn write(&mut self, records: &[Record]) -> anyhow::Result<()> {
+        let mut frame = FrameFile::frame_buffer();
+        let mut written = Vec::new();
+        for record in records {
+            if !written.is_empty() && frame.len() >= FRAME_BYTES {
+                self.write_frame(&mut frame, std::mem::take(&mut written))?;
+                frame = FrameFile::frame_buffer();
+            }
+            written.push(encode(record, &mut frame)?);
+        }
+        if !written.is_empty() {
+            self.write_frame(&mut frame, written)?;
+        }
+        for segment in self.segments.values_mut().filter(|s| s.unsynced) {
+            metrics()
+                .wal_fsync_seconds
+                .observe_closure_duration(|| segment.file.sync())?;
+            segment.unsynced = false;
+        }
+        Ok(())
+    }
+
+    /// Writes one frame (to a new segment if the current one is full) and
+    /// applies its `records`, whose entries' offsets are from the start of
+    /// its payload.
+    fn write_frame(&mut self, frame: &mut [u8], records: Vec<Replayed>) -> anyhow::Result<()> {
+        let payload_at = match self.current_segment().file.append(frame)? {
+            Some(offset) => offset,
+            None => {
+                self.next_segment(frame.len() as u64)?;
+                self.current_segment()
+                    .file
+                    .append(frame)?
+                    .context("a Raft log frame does not fit in a new segment")?
+            }
+        };
+        self.current_segment().unsynced = true;
+        for mut record in records {
+            if let Replayed::Entry(located) = &mut record {
+                located.slot = self.current;
+                located.offset += payload_at;
+            }
+            self.apply(record)?;
+        }
+        Ok(())
+    }
+
+    fn current_segment(&mut self) -> &mut Segment {
+        self.segments
+            .get_mut(&self.current)
+            .expect("the current segment")
+    }
+
+    /// Moves to a segment with room for a frame of `frame_bytes`: one whose
+    /// entries are all purged, started over, or a new one. It begins with
+    /// the vote and the purge. The segment left is synced first, so that
+    /// frames reach the files in order.
+    fn next_segment(&mut self, frame_bytes: u64) -> anyhow::Result<()> {
+        let segment = self.current_segment();
+        if segment.unsynced {
+            segment.file.sync()?;
+            segment.unsynced = false;
+        }
+        let purged = self.purged.map(|purged| purged.index);
+        let needed = HEADER_BYTES + frame_bytes.next_multiple_of(4096) + 4096;
+        let generation = 1 + self
+            .segments
+            .values()
+            .map(|s| s.file.generation())
+            .max()
+            .unwrap_or(0);
+        let reusable = self.segments.iter().find_map(|(slot, segment)| {
+            (*slot != self.current
+                && segment.last_index.is_none_or(|last| Some(last) <= purged)
+                && segment.file.capacity() >= needed)
+                .then_some(*slot)
+        });
+        match reusable {
+            Some(slot) => {
+                let segment = self.segments.get_mut(&slot).expect("a segment");
+                segment.file.start_over(generation)?;
+                segment.last_index = None;
+                self.current = slot;
+            }
+            None => {
+                let slot = self.segments.keys().last().map_or(0, |last| last + 1);
+                self.create_segment(slot, generation, needed.max(self.segment_bytes))?;
+                sync_directory(&self.dir)?;
+            }
+        }
+        let mut state = FrameFile::frame_buffer();
+        if let Some(vote) = &self.vote {
+            encode(&Record::Vote(vote), &mut state)?;
+        }
+        if let Some(purged) = &self.purged {
+            encode(&Record::Purged(purged), &mut state)?;
+        }
+        if state.len() > FRAME_HEADER_BYTES {
+            self.current_segment()
+                .file
+                .append(&mut state)?
+                .context("the vote does not fit in a new Raft log segment")?;
+            self.current_segment().unsynced = true;
+        }
+        Ok(())
+    }
+
+    /// The entries with indexes in `start..end` that the log holds.
+    fn read(&self, start: u64, end: Option<u64>) -> anyhow::Result<Vec<Entry>> {
+        let Some(first) = self.entries.front().map(|e| e.log_id.index) else {
+            return Ok(Vec::new());
+        };
+        let from = start.saturating_sub(first) as usize;
+        let to = end.map_or(self.entries.len(), |end| {
+            (end.saturating_sub(first) as usize).min(self.entries.len())
+        });
+        let mut entries = Vec::with_capacity(to.saturating_sub(from));
+        for located in self.entries.range(from.min(to)..to) {
+            let segment = &self.segments[&located.slot];
+            let bytes = segment
+                .file
+                .read_at(located.offset, located.length as usize)?;
+            entries.push(postcard::from_bytes(&bytes)?);
         }
         Ok(entries)
     }
+}
 
-    fn append_entries(&self, entries: impl IntoIterator<Item = Entry>) -> anyhow::Result<()> {
-        let mut db = self.lock();
-        let txn = db.transaction()?;
-        {
-            let mut insert =
-                txn.prepare_cached("INSERT OR REPLACE INTO entry (idx, data) VALUES (?1, ?2)")?;
-            for entry in entries {
-                let data = postcard::to_stdvec(&entry)?;
-                insert.execute(params![entry.log_id.index as i64, data])?;
-            }
+/// The slot number of a segment file's path, if it is one.
+fn slot_of(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let number = name.strip_suffix(".wal")?;
+    (number.len() == 8).then(|| number.parse().ok()).flatten()
+}
+
+/// Appends `record` to `frame` and returns it as replayed, an entry's
+/// offset counted from the start of the frame's payload (its slot unset).
+fn encode(record: &Record, frame: &mut Vec<u8>) -> anyhow::Result<Replayed> {
+    let (tag, bytes, replayed) = match record {
+        Record::Entry(entry) => {
+            let bytes = postcard::to_stdvec(entry)?;
+            let located = Located {
+                log_id: entry.log_id,
+                slot: 0,
+                offset: (frame.len() - FRAME_HEADER_BYTES + RECORD_HEADER_BYTES) as u64,
+                length: u32::try_from(bytes.len())?,
+            };
+            (ENTRY, bytes, Replayed::Entry(located))
         }
-        // The Raft log is this mode's WAL: its commit, the write and the
-        // fsync, is what etcd's WAL fsync histogram shows.
-        metrics()
-            .wal_fsync_seconds
-            .observe_closure_duration(|| txn.commit())?;
-        Ok(())
-    }
+        Record::Vote(vote) => (VOTE, postcard::to_stdvec(vote)?, Replayed::Vote(**vote)),
+        Record::Purged(log_id) => (
+            PURGED,
+            postcard::to_stdvec(log_id)?,
+            Replayed::Purged(**log_id),
+        ),
+        Record::Truncated(index) => (
+            TRUNCATED,
+            index.to_le_bytes().to_vec(),
+            Replayed::Truncated(*index),
+        ),
+    };
+    frame.push(tag);
+    frame.extend_from_slice(&u32::try_from(bytes.len())?.to_le_bytes());
+    frame.extend_from_slice(&bytes);
+    Ok(replayed)
+}
 
-    fn remove_from(&self, index: u64) -> anyhow::Result<()> {
-        self.lock()
-            .execute("DELETE FROM entry WHERE idx >= ?1", [index as i64])?;
-        Ok(())
+/// The records of the frame whose payload, at `offset` in segment `slot`,
+/// is `payload`.
+fn decode(payload: &[u8], slot: u32, offset: u64) -> anyhow::Result<Vec<Replayed>> {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at < payload.len() {
+        anyhow::ensure!(
+            at + RECORD_HEADER_BYTES <= payload.len(),
+            "a record runs past its frame"
+        );
+        let tag = payload[at];
+        let length =
+            u32::from_le_bytes(payload[at + 1..at + 5].try_into().expect("4 bytes")) as usize;
+        let start = at + RECORD_HEADER_BYTES;
+        let bytes = payload
+            .get(start..start + length)
+            .context("a record runs past its frame")?;
+        records.push(match tag {
+            ENTRY => {
+                let entry: Entry = postcard::from_bytes(bytes)?;
+                Replayed::Entry(Located {
+                    log_id: entry.log_id,
+                    slot,
+                    offset: offset + start as u64,
+                    length: length as u32,
+                })
+            }
+            VOTE => Replayed::Vote(postcard::from_bytes(bytes)?),
+            PURGED => Replayed::Purged(postcard::from_bytes(bytes)?),
+            TRUNCATED => Replayed::Truncated(u64::from_le_bytes(bytes.try_into()?)),
+            tag => anyhow::bail!("unknown record {tag}"),
+        });
+        at = start + length;
     }
-
-    fn purge_through(&self, log_id: &LogId) -> anyhow::Result<()> {
-        self.write_state(PURGED, log_id)?;
-        self.lock()
-            .execute("DELETE FROM entry WHERE idx <= ?1", [log_id.index as i64])?;
-        Ok(())
-    }
+    Ok(records)
 }
 
 fn first_index<RB: RangeBounds<u64>>(range: &RB) -> u64 {
@@ -188,7 +502,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        self.entries(first_index(&range), end_index(&range))
+        self.lock()
+            .read(first_index(&range), end_index(&range))
             .map_err(read_error)
     }
 }
@@ -197,11 +512,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged_log_id: Option<LogId> = self.read_state(PURGED).map_err(read_error)?;
-        let last = self.last_entry().map_err(read_error)?;
+        let log = self.lock();
         Ok(LogState {
-            last_purged_log_id,
-            last_log_id: last.map(|e| e.log_id).or(last_purged_log_id),
+            last_purged_log_id: log.purged,
+            last_log_id: log.entries.back().map(|e| e.log_id).or(log.purged),
         })
     }
 
@@ -210,13 +524,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
-        self.write_state(VOTE, vote)
+        self.lock()
+            .write(&[Record::Vote(vote)])
             .map_err(|e| StorageIOError::write_vote(any_error(format!("{e:#}"))).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError> {
-        self.read_state(VOTE)
-            .map_err(|e| StorageIOError::read_vote(any_error(format!("{e:#}"))).into())
+        Ok(self.lock().vote)
     }
 
     async fn append<I>(
@@ -228,7 +542,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let result = self.append_entries(entries);
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let records: Vec<Record> = entries.iter().map(Record::Entry).collect();
+        let result = self.lock().write(&records);
         match &result {
             Ok(()) => callback.log_io_completed(Ok(())),
             Err(error) => {
@@ -239,43 +555,195 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.remove_from(log_id.index).map_err(write_error)
+        self.lock()
+            .write(&[Record::Truncated(log_id.index)])
+            .map_err(write_error)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.purge_through(&log_id).map_err(write_error)
+        self.lock()
+            .write(&[Record::Purged(&log_id)])
+            .map_err(write_error)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use std::os::unix::fs::FileExt;
+
+    use openraft::{CommittedLeaderId, EntryPayload};
+
     use super::*;
+    use crate::proto::etcdserverpb::PutRequest;
+    use crate::raft::proposal::Proposal;
+    use crate::store::request::WriteRequest;
 
-    /// A new log file takes `LOG_PAGE_SIZE`; one created with SQLite's
-    /// default keeps its 4 KiB, with its entries.
+    /// An entry of `term` at `index`: a put of a 2 KiB value.
+    pub(super) fn entry(term: u64, index: u64) -> Entry {
+        Entry {
+            log_id: openraft::LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(Proposal {
+                origin: 1,
+                seq: index,
+                at_ms: 0,
+                request: WriteRequest::Put(PutRequest {
+                    key: format!("key{index}").into_bytes(),
+                    value: vec![b'v'; 2048],
+                    ..Default::default()
+                }),
+            }),
+        }
+    }
+
+    /// The (term, index) of every entry `log` holds, read from its files.
+    pub(super) fn entries_of(log: &Log) -> Vec<(u64, u64)> {
+        log.read(0, None)
+            .unwrap()
+            .iter()
+            .map(|e| (e.log_id.leader_id.term, e.log_id.index))
+            .collect()
+    }
+
+    fn append(log: &mut Log, term: u64, indexes: std::ops::RangeInclusive<u64>) {
+        let entries: Vec<Entry> = indexes.map(|i| entry(term, i)).collect();
+        let records: Vec<Record> = entries.iter().map(Record::Entry).collect();
+        log.write(&records).unwrap();
+    }
+
+    /// An entry's bytes, to compare entries (a proposal has no `==`).
+    fn bytes(entry: &Entry) -> Vec<u8> {
+        postcard::to_stdvec(entry).unwrap()
+    }
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        openraft::LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    /// Entries, a vote, a truncation and a purge come back after a reopen,
+    /// as they were before it; reads take ranges of what is held.
     #[test]
-    fn a_new_log_gets_small_pages() {
+    fn the_log_comes_back_as_written() {
         let dir = tempfile::tempdir().unwrap();
-        let page_size = |path: &Path| -> i64 {
-            let conn = Connection::open(path).unwrap();
-            conn.query_row("PRAGMA page_size", [], |r| r.get(0))
-                .unwrap()
-        };
-        let new = dir.path().join("new.raft-log");
-        drop(LogStore::open(&new).unwrap());
-        assert_eq!(page_size(&new), LOG_PAGE_SIZE);
+        let path = dir.path().join("log");
+        let mut log = Log::open(&path, SEGMENT_BYTES).unwrap();
+        append(&mut log, 1, 1..=10);
+        log.write(&[Record::Vote(&Vote::new(2, 3))]).unwrap();
+        log.write(&[Record::Truncated(8)]).unwrap();
+        append(&mut log, 2, 8..=12);
+        log.write(&[Record::Purged(&log_id(1, 3))]).unwrap();
+        let expected: Vec<(u64, u64)> = (4..=7)
+            .map(|i| (1, i))
+            .chain((8..=12).map(|i| (2, i)))
+            .collect();
+        assert_eq!(entries_of(&log), expected);
+        drop(log);
 
-        let old = dir.path().join("old.raft-log");
-        {
-            let conn = Connection::open(&old).unwrap();
-            conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-            conn.execute_batch(SCHEMA).unwrap();
-            conn.execute("INSERT INTO entry (idx, data) VALUES (1, x'00')", [])
+        let log = Log::open(&path, SEGMENT_BYTES).unwrap();
+        assert_eq!(entries_of(&log), expected);
+        assert_eq!(log.vote, Some(Vote::new(2, 3)));
+        assert_eq!(log.purged, Some(log_id(1, 3)));
+        let indexes =
+            |entries: Vec<Entry>| entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+        assert_eq!(indexes(log.read(6, Some(9)).unwrap()), [6, 7, 8]);
+        assert_eq!(indexes(log.read(0, Some(5)).unwrap()), [4]);
+        assert_eq!(indexes(log.read(12, None).unwrap()), [12]);
+        assert!(log.read(13, None).unwrap().is_empty());
+        assert_eq!(
+            bytes(&log.read(9, Some(10)).unwrap()[0]),
+            bytes(&entry(2, 9))
+        );
+    }
+
+    /// Appends fill segments in turn; a segment whose entries are all
+    /// purged is reused in a new generation (no new file while one is
+    /// free), and after a reopen the log is what it was, the vote too,
+    /// though the segment that first held it was reused.
+    #[test]
+    fn full_segments_are_reused_once_purged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        // About 25 entries of 2 KiB per segment.
+        let segment_bytes = 64 << 10;
+        let mut log = Log::open(&path, segment_bytes).unwrap();
+        log.write(&[Record::Vote(&Vote::new(1, 1))]).unwrap();
+        let files = || std::fs::read_dir(&path).unwrap().count();
+        for round in 0..10u64 {
+            let first = round * 20 + 1;
+            append(&mut log, 1, first..=first + 19);
+            // Keep the last five, as openraft keeps some after a snapshot.
+            log.write(&[Record::Purged(&log_id(1, first + 14))])
                 .unwrap();
         }
-        let log = LogStore::open(&old).unwrap();
-        assert!(!log.is_empty().unwrap());
+        // 200 entries of 2 KiB went through segments of 64 KiB, and the log
+        // never held more than about two segments' worth.
+        assert!(files() <= 3, "{} segment files", files());
+        let generations: Vec<u64> = log.segments.values().map(|s| s.file.generation()).collect();
+        assert!(generations.iter().max().unwrap() > &5, "{generations:?}");
+        assert_eq!(
+            entries_of(&log),
+            (196..=200).map(|i| (1, i)).collect::<Vec<_>>()
+        );
         drop(log);
-        assert_eq!(page_size(&old), 4096);
+
+        let log = Log::open(&path, segment_bytes).unwrap();
+        assert_eq!(
+            entries_of(&log),
+            (196..=200).map(|i| (1, i)).collect::<Vec<_>>()
+        );
+        assert_eq!(log.vote, Some(Vote::new(1, 1)));
+        assert_eq!(log.purged, Some(log_id(1, 195)));
+    }
+
+    /// An entry larger than a segment gets a segment of its own size.
+    #[test]
+    fn an_entry_larger_than_a_segment_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut log = Log::open(&path, 16 << 10).unwrap();
+        append(&mut log, 1, 1..=3);
+        let mut large = entry(1, 4);
+        if let EntryPayload::Normal(proposal) = &mut large.payload
+            && let WriteRequest::Put(put) = &mut proposal.request
+        {
+            put.value = vec![b'x'; 100 << 10];
+        }
+        log.write(&[Record::Entry(&large)]).unwrap();
+        append(&mut log, 1, 5..=5);
+        drop(log);
+        let log = Log::open(&path, 16 << 10).unwrap();
+        assert_eq!(
+            entries_of(&log),
+            (1..=5).map(|i| (1, i)).collect::<Vec<_>>()
+        );
+        assert_eq!(bytes(&log.read(4, Some(5)).unwrap()[0]), bytes(&large));
+    }
+
+    /// A frame whose bytes did not all reach the disk (the power went
+    /// between write and sync) ends the log: its entries are gone, the ones
+    /// before it are there, and the next append goes where it was.
+    #[test]
+    fn a_torn_append_ends_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut log = Log::open(&path, SEGMENT_BYTES).unwrap();
+        append(&mut log, 1, 1..=3);
+        append(&mut log, 1, 4..=6);
+        let torn = log.entries[4];
+        drop(log);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path.join(format!("{:08}.wal", torn.slot)))
+            .unwrap();
+        file.write_all_at(b"X", torn.offset + 100).unwrap();
+
+        let mut log = Log::open(&path, SEGMENT_BYTES).unwrap();
+        assert_eq!(
+            entries_of(&log),
+            (1..=3).map(|i| (1, i)).collect::<Vec<_>>()
+        );
+        append(&mut log, 2, 4..=4);
+        drop(log);
+        let log = Log::open(&path, SEGMENT_BYTES).unwrap();
+        assert_eq!(entries_of(&log), [(1, 1), (1, 2), (1, 3), (2, 4)]);
     }
 }

@@ -160,6 +160,8 @@ pub struct Cluster {
     proxied: bool,
     /// Flags every member gets.
     extra_args: Vec<String>,
+    /// Where members keep their data, if not beside their logs.
+    data_root: Option<PathBuf>,
     _dir: TempDir,
 }
 
@@ -174,13 +176,20 @@ impl Cluster {
     /// Starts an `n`-member cluster whose members reach each other directly
     /// (no proxies, so the test's runtime may block), each with `extra_args`.
     pub async fn start_direct(n: usize, extra_args: &[&str]) -> Cluster {
-        Cluster::launch(n, None, false, extra_args).await
+        Cluster::launch(n, None, false, extra_args, None).await
+    }
+
+    /// Starts an `n`-member cluster as `start_direct` does, each member's
+    /// data (store and Raft log) in `data_root/member-I`, a file system the
+    /// test controls; their logs stay in a temporary directory.
+    pub async fn start_direct_on(n: usize, data_root: &Path) -> Cluster {
+        Cluster::launch(n, None, false, &[], Some(data_root)).await
     }
 
     /// Starts an `n`-member cluster whose founder converts the single-node
     /// SQLite datastore `founder_data` in place.
     pub async fn start_from(n: usize, founder_data: Option<&Path>) -> Cluster {
-        Cluster::launch(n, founder_data, true, &[]).await
+        Cluster::launch(n, founder_data, true, &[], None).await
     }
 
     async fn launch(
@@ -188,6 +197,7 @@ impl Cluster {
         founder_data: Option<&Path>,
         proxied: bool,
         extra_args: &[&str],
+        data_root: Option<&Path>,
     ) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("cetera-cluster-")
@@ -203,6 +213,7 @@ impl Cluster {
             founder_url: None,
             proxied,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            data_root: data_root.map(Path::to_path_buf),
             _dir: dir,
         };
         for i in 0..n {
@@ -224,7 +235,12 @@ impl Cluster {
         let i = self.members.len();
         let member_dir = self._dir.path().join(format!("member-{i}"));
         std::fs::create_dir_all(&member_dir).expect("member dir");
-        let datastore = datastore.map_or_else(|| member_dir.join("state.db"), Path::to_path_buf);
+        let data_dir = match &self.data_root {
+            Some(root) => root.join(format!("member-{i}")),
+            None => member_dir.clone(),
+        };
+        std::fs::create_dir_all(&data_dir).expect("member data dir");
+        let datastore = datastore.map_or_else(|| data_dir.join("state.db"), Path::to_path_buf);
         let ip = member_ip(i);
         let peer = SocketAddr::new(ip, free_port_on(ip));
         let proxy = self.proxied.then(|| FaultProxy::start(peer));

@@ -210,7 +210,7 @@ impl Journal {
     pub(super) fn open(path: &Path, conn: &Connection) -> anyhow::Result<Journal> {
         let (mut log, changes) = RecordLog::open(path)?;
         let applied = query_setting(conn, APPLIED_GENERATION)?;
-        if !changes.is_empty() && applied != Some(log.generation as i64) {
+        if !changes.is_empty() && applied != Some(log.generation() as i64) {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             let current = query_revisions(conn)?.0.current;
             let mut pending = Pending::default();
@@ -467,7 +467,7 @@ impl Journal {
     fn note_applied(&self, conn: &Connection) -> rusqlite::Result<()> {
         let log = self.log.lock().expect("record log poisoned");
         if let Some(log) = log.as_ref().filter(|log| log.has_frames()) {
-            write_setting(conn, APPLIED_GENERATION, log.generation as i64)?;
+            write_setting(conn, APPLIED_GENERATION, log.generation() as i64)?;
         }
         Ok(())
     }

@@ -832,7 +832,7 @@ pub(crate) mod tests {
         let conn = Connection::open(&path).unwrap();
         conn.execute(
             "INSERT INTO settings (name, value) VALUES ('record_log_applied_generation', ?1)",
-            [log.generation as i64],
+            [log.generation() as i64],
         )
         .unwrap();
         drop((log, conn));

@@ -10,40 +10,19 @@
 //! generation. At open, the frames of the current generation that SQLite
 //! does not hold yet are read back and applied.
 //!
-//! Layout: a header block (magic, generation, checksum), then frames from
-//! `HEADER_BYTES` on, each `length | generation | crc32c | payload`, the
-//! checksum covering generation and payload. A frame that fits in a block
-//! but not in what is left of the current one starts at the next block, so
-//! that a small commit's sync writes one block, not two; a reader that finds
-//! no frame where the last ended looks at the next block. A frame of an
-//! older generation, a torn one or the zeros after the last mark the end. The file is
-//! preallocated (fallocate, as etcd does) and reused from its start after
-//! every cut, so an fdatasync hardly ever has file metadata to journal.
+//! The file is a `FrameFile` (checksummed frames in a preallocated file,
+//! reused from its start after every cut); a frame is one commit's changes.
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-
 use crate::backend::{LeaseRow, LogEntry, Revisions};
+use crate::frame_file::FrameFile;
 use crate::metrics::metrics;
 use crate::proto::mvccpb::KeyValue;
 
-/// The page cache's page, and the file system's block: what an fdatasync
-/// writes for a frame is every block the frame touches.
-const BLOCK_BYTES: u64 = 4096;
-
-/// Bytes before the first frame: one block, so that the header's rewrite at
-/// a cut never shares a block with a frame.
-const HEADER_BYTES: u64 = BLOCK_BYTES;
-
 /// The header's first bytes.
 const MAGIC: &[u8; 8] = b"cetera-r";
-
-/// Bytes of a frame's header: length (u32), generation (u64), crc32c (u32).
-const FRAME_HEADER_BYTES: usize = 16;
 
 /// Size the file is preallocated to. A batch is applied before its records
 /// reach it (`journal::APPLY_BYTES`); a commit that would not fit takes the
@@ -92,16 +71,7 @@ const REVISIONS: u8 = 5;
 
 /// The open record log.
 pub(super) struct RecordLog {
-    file: File,
-    path: PathBuf,
-    /// The current generation: only its frames are read back.
-    pub(super) generation: u64,
-    /// Where the next frame goes.
-    end: u64,
-    /// The file's length: a frame must end within it.
-    capacity: u64,
-    /// Frames written since the last cut.
-    frames: u64,
+    file: FrameFile,
 }
 
 impl RecordLog {
@@ -117,191 +87,68 @@ impl RecordLog {
     /// generation, in the order written.
     pub(super) fn open(database: &Path) -> anyhow::Result<(RecordLog, Vec<Change>)> {
         let path = Self::path_of(database);
-        let existed = path.exists();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("cannot open the record log {}", path.display()))?;
-        let mut log = RecordLog {
-            file,
-            path,
-            generation: 0,
-            end: HEADER_BYTES,
-            capacity: 0,
-            frames: 0,
-        };
-        if !existed || log.file.metadata()?.len() < HEADER_BYTES {
-            if let Err(error) = log.create(database) {
-                // Tried again at the next start.
-                let _ = std::fs::remove_file(&log.path);
-                return Err(error);
+        let created = match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.len() >= crate::frame_file::HEADER_BYTES => false,
+            Ok(_) => {
+                // Created, but the power went before it was preallocated.
+                std::fs::remove_file(&path)?;
+                true
             }
-            return Ok((log, Vec::new()));
+            Err(error) if error.kind() == io::ErrorKind::NotFound => true,
+            Err(error) => return Err(error.into()),
+        };
+        if created {
+            let file = FrameFile::create(&path, MAGIC, PREALLOCATED_BYTES, 1)
+                .map_err(|error| error.context("cannot create the record log"))?;
+            if let Some(dir) = database.parent() {
+                crate::frame_file::sync_directory(dir)?;
+            }
+            return Ok((RecordLog { file }, Vec::new()));
         }
-        log.capacity = log.file.metadata()?.len();
-        log.generation = log.read_header()?;
-        let rows = log.read_frames()?;
-        // Readahead filled the page cache with large folios, which later
-        // small frames would dirty whole (see `append`): drop them.
-        drop_cached(&log.file);
-        Ok((log, rows))
-    }
-
-    /// Preallocates a new file and writes its first header, durably: the
-    /// directory entry too.
-    fn create(&mut self, database: &Path) -> anyhow::Result<()> {
-        preallocate(&self.file, PREALLOCATED_BYTES)
-            .with_context(|| format!("cannot preallocate {}", self.path.display()))?;
-        self.capacity = self.file.metadata()?.len();
-        self.generation = 1;
-        self.write_header()?;
-        if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    }
-
-    fn read_header(&self) -> anyhow::Result<u64> {
-        let mut header = [0u8; 20];
-        self.file.read_exact_at(&mut header, 0)?;
-        if header.iter().all(|b| *b == 0) {
-            // Created, but the power went before its header was synced.
-            return Ok(0);
-        }
-        let generation = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes"));
-        if &header[..8] != MAGIC || crc32c::crc32c(&header[..16]) != crc {
-            anyhow::bail!(
-                "{} is not a cetera record log, or its header is damaged",
-                self.path.display()
-            );
-        }
-        Ok(generation)
-    }
-
-    fn write_header(&mut self) -> io::Result<()> {
-        let mut header = Vec::with_capacity(20);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&self.generation.to_le_bytes());
-        header.extend_from_slice(&crc32c::crc32c(&header).to_le_bytes());
-        self.file.write_all_at(&header, 0)?;
-        self.file.sync_data()
-    }
-
-    /// Reads the current generation's frames from the start, up to the first
-    /// that is not one of them (or is torn), and leaves `end` after them.
-    fn read_frames(&mut self) -> anyhow::Result<Vec<Change>> {
-        let mut rows = Vec::new();
-        let mut offset = HEADER_BYTES;
-        let mut header = [0u8; FRAME_HEADER_BYTES];
-        loop {
-            // Where the last frame ended, or at the next block (see above).
-            let next_block = offset.next_multiple_of(BLOCK_BYTES);
-            let payload = match self.read_frame(offset, &mut header)? {
-                Some(payload) => payload,
-                None if next_block == offset => break,
-                None => match self.read_frame(next_block, &mut header)? {
-                    Some(payload) => {
-                        offset = next_block;
-                        payload
-                    }
-                    None => break,
-                },
-            };
-            let next = offset + (FRAME_HEADER_BYTES + payload.len()) as u64;
-            decode(&payload, &mut rows).with_context(|| {
-                format!(
-                    "the record log {} has a damaged frame at {offset}",
-                    self.path.display()
-                )
+        let (file, payloads) = FrameFile::open(&path, MAGIC)
+            .map_err(|error| error.context("cannot open the record log"))?;
+        let mut changes = Vec::new();
+        for frame in payloads {
+            decode(&frame.payload, &mut changes).map_err(|error| {
+                error.context(format!(
+                    "the record log {} has a damaged frame",
+                    path.display()
+                ))
             })?;
-            offset = next;
-            self.frames += 1;
         }
-        self.end = offset;
-        Ok(rows)
+        Ok((RecordLog { file }, changes))
     }
 
-    /// The payload of the current generation's frame at `offset`, if one is
-    /// there whole.
-    fn read_frame(
-        &self,
-        offset: u64,
-        header: &mut [u8; FRAME_HEADER_BYTES],
-    ) -> io::Result<Option<Vec<u8>>> {
-        if offset + FRAME_HEADER_BYTES as u64 > self.capacity {
-            return Ok(None);
-        }
-        self.file.read_exact_at(header, offset)?;
-        let length = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as u64;
-        let generation = u64::from_le_bytes(header[4..12].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
-        let end = offset + FRAME_HEADER_BYTES as u64 + length;
-        if length == 0 || generation != self.generation || end > self.capacity {
-            return Ok(None);
-        }
-        let mut payload = vec![0u8; length as usize];
-        self.file
-            .read_exact_at(&mut payload, offset + FRAME_HEADER_BYTES as u64)?;
-        if crc32c::crc32c_append(crc32c::crc32c(&header[4..12]), &payload) != crc {
-            return Ok(None); // torn: written, but not synced whole
-        }
-        Ok(Some(payload))
+    /// The current generation: only its frames are read back.
+    pub(super) fn generation(&self) -> u64 {
+        self.file.generation()
     }
 
     /// True if a frame was written since the last cut.
     pub(super) fn has_frames(&self) -> bool {
-        self.frames > 0
+        self.file.has_frames()
     }
 
     /// Appends `changes` as one frame and syncs it. False, with nothing
     /// written, if the frame does not fit in the file.
     pub(super) fn append(&mut self, changes: &[Change]) -> io::Result<bool> {
-        let mut frame = vec![0u8; FRAME_HEADER_BYTES];
+        let mut frame = FrameFile::frame_buffer();
         encode(changes, &mut frame);
-        let length = (frame.len() - FRAME_HEADER_BYTES) as u64;
-        let mut at = self.end;
-        let left_in_block = BLOCK_BYTES - at % BLOCK_BYTES;
-        if frame.len() as u64 <= BLOCK_BYTES && frame.len() as u64 > left_in_block {
-            at += left_in_block;
-        }
-        if at + frame.len() as u64 > self.capacity || length > u64::from(u32::MAX) {
+        if self.file.append(&mut frame)?.is_none() {
             return Ok(false);
-        }
-        frame[0..4].copy_from_slice(&(length as u32).to_le_bytes());
-        frame[4..12].copy_from_slice(&self.generation.to_le_bytes());
-        let crc =
-            crc32c::crc32c_append(crc32c::crc32c(&frame[4..12]), &frame[FRAME_HEADER_BYTES..]);
-        frame[12..16].copy_from_slice(&crc.to_le_bytes());
-        // A block at a time: the page cache sizes a folio by the write that
-        // creates it, and a frame written whole in one call of 64 KiB left a
-        // 64 KiB folio that every later small frame in it dirtied whole
-        // (64 KiB written per commit, measured with write_bytes).
-        let mut written = 0;
-        while written < frame.len() {
-            let offset = at + written as u64;
-            let piece = (BLOCK_BYTES - offset % BLOCK_BYTES).min((frame.len() - written) as u64);
-            self.file
-                .write_all_at(&frame[written..written + piece as usize], offset)?;
-            written += piece as usize;
         }
         metrics()
             .wal_fsync_seconds
-            .observe_closure_duration(|| self.file.sync_data())?;
-        self.end = at + frame.len() as u64;
-        self.frames += 1;
+            .observe_closure_duration(|| self.file.sync())?;
         Ok(true)
     }
 
     /// Removes the file (the log must be empty: everything applied).
     pub(super) fn remove(&self) {
-        if let Err(error) = std::fs::remove_file(&self.path) {
+        if let Err(error) = std::fs::remove_file(self.file.path()) {
             tracing::warn!(
                 "cannot remove the record log {}: {error}",
-                self.path.display()
+                self.file.path().display()
             );
         }
     }
@@ -310,37 +157,10 @@ impl RecordLog {
     /// new generation, so that the old frames are not read back. Nothing to
     /// do if no frame was written since the last cut.
     pub(super) fn cut(&mut self) -> io::Result<()> {
-        if self.frames == 0 && self.generation != 0 {
+        if !self.file.has_frames() && self.file.generation() != 0 {
             return Ok(());
         }
-        self.generation += 1;
-        self.write_header()?;
-        self.end = HEADER_BYTES;
-        self.frames = 0;
-        Ok(())
-    }
-}
-
-/// Drops the file's (clean) pages from the page cache.
-fn drop_cached(file: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: fadvise on a descriptor we own, with no pointers passed.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-}
-
-/// Reserves `bytes` for the file. Where the file system cannot (a FUSE
-/// layer without fallocate), the file just grows as frames are written.
-fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: fallocate on a descriptor we own, with no pointers passed.
-    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
-    if result == 0 {
-        return Ok(());
-    }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(bytes),
-        _ => Err(error),
+        self.file.start_over(self.file.generation() + 1)
     }
 }
 
@@ -461,7 +281,10 @@ fn decode(mut payload: &[u8], changes: &mut Vec<Change>) -> anyhow::Result<()> {
 
 #[cfg(test)]
 pub(super) mod tests {
+    use std::os::unix::fs::FileExt;
+
     use super::*;
+    use crate::frame_file::{FRAME_HEADER_BYTES, HEADER_BYTES};
 
     /// A put of `key` at `revision` (change `sub` of it), as a change.
     pub(crate) fn row(revision: i64, sub: i64, key: &str, value: &str) -> Change {
@@ -563,7 +386,7 @@ pub(super) mod tests {
         let (mut log, _) = RecordLog::open(&db).unwrap();
         let first = vec![row(2, 0, "a", "one")];
         assert!(log.append(&first).unwrap());
-        let torn_at = log.end;
+        let torn_at = log.file.end();
         assert!(log.append(&[row(3, 0, "b", "two")]).unwrap());
         drop(log);
         let file = std::fs::OpenOptions::new()
@@ -583,6 +406,6 @@ pub(super) mod tests {
         let (mut log, _) = RecordLog::open(&db).unwrap();
         let huge = "x".repeat(PREALLOCATED_BYTES as usize);
         assert!(!log.append(&[row(2, 0, "a", &huge)]).unwrap());
-        assert_eq!(log.end, HEADER_BYTES);
+        assert_eq!(log.file.end(), HEADER_BYTES);
     }
 }
