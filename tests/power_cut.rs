@@ -364,6 +364,34 @@ async fn check(endpoint: String, acked: &Acknowledged, round: usize) {
     }
 }
 
+/// Cuts the power under `load`: the disk takes nothing more and `kill` ends
+/// the processes; then waits for the load to see them go, unmounts, reverts
+/// the disk to what was synced, and returns what was acknowledged so far.
+async fn cut_power(
+    fs: &PowerCutFs,
+    mounted: Mounted,
+    (round, delay): (usize, u64),
+    kill: impl FnOnce(),
+    load: tokio::task::JoinHandle<()>,
+    acked: &Mutex<Acknowledged>,
+) -> Acknowledged {
+    fs.cut_power();
+    kill();
+    load.await.unwrap();
+    mounted.unmount();
+    let dropped = fs.restore_power();
+    let so_far = std::mem::take(&mut *acked.lock().unwrap());
+    eprintln!(
+        "cut {round} after {delay} ms: {} writes, {} leases and compaction to {} acknowledged \
+         so far, {} fsyncs so far, {dropped} unsynced pages and entries dropped",
+        so_far.writes.len(),
+        so_far.leases.len(),
+        so_far.compacted,
+        fs.syncs()
+    );
+    so_far
+}
+
 /// The power is cut several times at random moments under load; after each
 /// cut cetera starts on what the disk kept and must have every acknowledged
 /// put and Txn (value and revision), a revision no lower than any
@@ -389,22 +417,8 @@ async fn acknowledged_writes_survive_power_cuts() {
         let load = tokio::spawn(load(server.endpoint(), round, acked.clone()));
         let delay = rand::rng().random_range(300..1500);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        // The power goes: the disk takes nothing more, and the process dies.
-        fs.cut_power();
-        server.kill();
-        load.await.unwrap();
-        mounted.unmount();
-        let dropped = fs.restore_power();
+        let so_far = cut_power(&fs, mounted, (round, delay), || server.kill(), load, &acked).await;
         mounted = fs.mount(&dir).expect("mount again after the power cut");
-        let so_far = std::mem::take(&mut *acked.lock().unwrap());
-        eprintln!(
-            "cut {round} after {delay} ms: {} writes, {} leases and compaction to {} \
-             acknowledged so far, {} fsyncs so far, {dropped} unsynced pages and entries dropped",
-            so_far.writes.len(),
-            so_far.leases.len(),
-            so_far.compacted,
-            fs.syncs()
-        );
         server.restart().await;
         check(server.endpoint(), &so_far, round).await;
         *acked.lock().unwrap() = so_far;
@@ -441,23 +455,9 @@ async fn acknowledged_writes_survive_power_cuts_in_a_cluster() {
         let load = tokio::spawn(load(endpoint, round, acked.clone()));
         let delay = rand::rng().random_range(500..2000);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        fs.cut_power();
-        for member in &mut cluster.members {
-            member.kill();
-        }
-        load.await.unwrap();
-        mounted.unmount();
-        let dropped = fs.restore_power();
+        let kill_all = || cluster.members.iter_mut().for_each(|m| m.kill());
+        let so_far = cut_power(&fs, mounted, (round, delay), kill_all, load, &acked).await;
         mounted = fs.mount(&dir).expect("mount again after the power cut");
-        let so_far = std::mem::take(&mut *acked.lock().unwrap());
-        eprintln!(
-            "cut {round} after {delay} ms: {} writes, {} leases and compaction to {} \
-             acknowledged so far, {} fsyncs so far, {dropped} unsynced pages and entries dropped",
-            so_far.writes.len(),
-            so_far.leases.len(),
-            so_far.compacted,
-            fs.syncs()
-        );
         // Together: a member serves once it has a leader.
         let [a, b, c] = &mut cluster.members[..] else {
             unreachable!("three members")
