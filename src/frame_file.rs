@@ -36,6 +36,7 @@ pub(crate) const FRAME_HEADER_BYTES: usize = 16;
 pub(crate) struct Frame {
     /// Where its payload starts in the file.
     pub(crate) payload_at: u64,
+    /// What the frame holds.
     pub(crate) payload: Vec<u8>,
 }
 
@@ -70,7 +71,7 @@ impl FrameFile {
             .create_new(true)
             .open(path)
             .with_context(|| format!("cannot create {}", path.display()))?;
-        let mut frames = FrameFile {
+        let mut frame_file = FrameFile {
             file,
             path: path.to_owned(),
             magic,
@@ -80,16 +81,16 @@ impl FrameFile {
             frames: 0,
         };
         let mut fill = || -> anyhow::Result<()> {
-            preallocate(&frames.file, capacity)
+            preallocate(&frame_file.file, capacity)
                 .with_context(|| format!("cannot preallocate {}", path.display()))?;
-            frames.capacity = frames.file.metadata()?.len();
-            Ok(frames.write_header()?)
+            frame_file.capacity = frame_file.file.metadata()?.len();
+            Ok(frame_file.write_header()?)
         };
         if let Err(error) = fill() {
             let _ = std::fs::remove_file(path);
             return Err(error);
         }
-        Ok(frames)
+        Ok(frame_file)
     }
 
     /// Opens the file at `path` and returns it with its current
@@ -106,7 +107,7 @@ impl FrameFile {
             .open(path)
             .with_context(|| format!("cannot open {}", path.display()))?;
         let capacity = file.metadata()?.len();
-        let mut frames = FrameFile {
+        let mut frame_file = FrameFile {
             file,
             path: path.to_owned(),
             magic,
@@ -115,12 +116,12 @@ impl FrameFile {
             capacity,
             frames: 0,
         };
-        frames.generation = frames.read_header()?;
-        let payloads = frames.read_frames()?;
+        frame_file.generation = frame_file.read_header()?;
+        let payloads = frame_file.read_frames()?;
         // Readahead filled the page cache with large folios, which later
         // small frames would dirty whole (see `append`): drop them.
-        drop_cached(&frames.file);
-        Ok((frames, payloads))
+        drop_cached(&frame_file.file);
+        Ok((frame_file, payloads))
     }
 
     /// The file's path.

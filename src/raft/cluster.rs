@@ -200,7 +200,7 @@ impl Cluster {
     ) -> anyhow::Result<Arc<Cluster>> {
         let log = LogStore::open(&options.log_dir, &options.old_log_path)
             .with_context(|| format!("cannot open the Raft log {}", options.log_dir.display()))?;
-        let was_member = !log.is_empty()?;
+        let was_member = !log.is_empty();
         let token = cluster_token(&options, was_member)?;
         if matches!(options.mode, JoinMode::Join { .. }) && !was_member && holds_data(&store) {
             bail!(

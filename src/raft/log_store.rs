@@ -10,7 +10,8 @@
 //! `SEGMENT_BYTES`. Frames go to the current segment; when it is full, a
 //! segment whose entries are all purged starts over in a new generation
 //! (reused, not removed and created, so that its syncs have no file
-//! metadata to journal), or a new one is created. Every segment starts
+//! metadata to journal), or a new one is created; the other free segments
+//! but one are removed, so after a burst the log is two files again. Every segment starts
 //! with a frame of the vote and the purge, so no older segment is needed
 //! for them. At open, the segments' frames are replayed in generation
 //! order; memory keeps where each entry is, and reads come from the files.
@@ -76,9 +77,9 @@ impl LogStore {
     }
 
     /// Whether the log holds anything: a vote, an entry or a purge.
-    pub fn is_empty(&self) -> anyhow::Result<bool> {
+    pub fn is_empty(&self) -> bool {
         let log = self.lock();
-        Ok(log.vote.is_none() && log.purged.is_none() && log.entries.is_empty())
+        log.vote.is_none() && log.purged.is_none() && log.entries.is_empty()
     }
 
     fn lock(&self) -> MutexGuard<'_, Log> {
@@ -359,6 +360,7 @@ impl Log {
                 sync_directory(&self.dir)?;
             }
         }
+        self.remove_spares(purged)?;
         let mut state = FrameFile::frame_buffer();
         if let Some(vote) = &self.vote {
             encode(&Record::Vote(vote), &mut state)?;
@@ -372,6 +374,30 @@ impl Log {
                 .append(&mut state)?
                 .context("the vote does not fit in a new Raft log segment")?;
             self.current_segment().unsynced = true;
+        }
+        Ok(())
+    }
+
+    /// Removes the segments whose entries are all purged but one, which the
+    /// next handover reuses: after a burst of appends that filled several,
+    /// the log goes back to two files. A removal the power undoes leaves a
+    /// segment whose entries are purged, which replay passes over.
+    fn remove_spares(&mut self, purged: Option<u64>) -> anyhow::Result<()> {
+        let spares: Vec<u32> = self
+            .segments
+            .iter()
+            .filter(|(slot, segment)| {
+                **slot != self.current && segment.last_index.is_none_or(|last| Some(last) <= purged)
+            })
+            .map(|(slot, _)| *slot)
+            .skip(1)
+            .collect();
+        for slot in &spares {
+            self.segments.remove(slot);
+            std::fs::remove_file(self.path_of(*slot))?;
+        }
+        if !spares.is_empty() {
+            sync_directory(&self.dir)?;
         }
         Ok(())
     }
@@ -529,8 +555,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_vote(any_error(format!("{e:#}"))).into())
     }
 
+    /// The vote as saved, but never committed: openraft reads it once, at
+    /// start, and a member whose saved vote was its own committed one would
+    /// take up leading at once, with a read index of the first entry of its
+    /// term, while its store (synced only at snapshots) may have lost
+    /// entries applied since. So a member starts as a follower, as etcd's
+    /// do, and a leader serves reads only after an entry of a new term.
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError> {
-        Ok(self.lock().vote)
+        Ok(self.lock().vote.map(|vote| Vote {
+            committed: false,
+            ..vote
+        }))
     }
 
     async fn append<I>(
@@ -692,6 +727,51 @@ pub(super) mod tests {
         );
         assert_eq!(log.vote, Some(Vote::new(1, 1)));
         assert_eq!(log.purged, Some(log_id(1, 195)));
+    }
+
+    /// A burst of appends with nothing purged fills several segments; once
+    /// the log is purged as it goes again, the handovers remove all but one
+    /// of the segments left free, and the log reads back whole.
+    #[test]
+    fn segments_beyond_one_spare_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        // Three appends of ten 2 KiB entries per segment.
+        let segment_bytes = 64 << 10;
+        let mut log = Log::open(&path, segment_bytes).unwrap();
+        let files = || std::fs::read_dir(&path).unwrap().count();
+        for first in (1..=120).step_by(10) {
+            append(&mut log, 1, first..=first + 9);
+        }
+        let burst = files();
+        assert!(burst >= 4, "{burst} segment files");
+        for first in (121..=240).step_by(10) {
+            append(&mut log, 1, first..=first + 9);
+            log.write(&[Record::Purged(&log_id(1, first + 4))]).unwrap();
+        }
+        assert!(files() <= 3, "{} segment files after {burst}", files());
+        drop(log);
+        let log = Log::open(&path, segment_bytes).unwrap();
+        assert_eq!(
+            entries_of(&log),
+            (236..=240).map(|i| (1, i)).collect::<Vec<_>>()
+        );
+    }
+
+    /// A leader's committed vote comes back uncommitted after a restart,
+    /// with its term and candidate: the member starts as a follower.
+    #[tokio::test]
+    async fn a_restarted_leader_reads_its_vote_uncommitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, old) = (dir.path().join("log"), dir.path().join("old"));
+        let mut vote = Vote::new(4, 1);
+        vote.commit();
+        let mut store = LogStore::open(&path, &old).unwrap();
+        store.save_vote(&vote).await.unwrap();
+        drop(store);
+        let mut store = LogStore::open(&path, &old).unwrap();
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
+        assert!(store.lock().vote.unwrap().is_committed());
     }
 
     /// An entry larger than a segment gets a segment of its own size.
