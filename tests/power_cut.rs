@@ -15,7 +15,7 @@ mod fs;
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +45,17 @@ fn mount_or_skip(fs: &PowerCutFs, dir: &Path) -> Option<Mounted> {
             None
         }
     }
+}
+
+/// A new file system mounted at `mnt` in a new temporary directory (kept
+/// while the first is), or None where it cannot be (see `mount_or_skip`).
+fn mount_in_tempdir() -> Option<(tempfile::TempDir, PathBuf, PowerCutFs, Mounted)> {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let fs = PowerCutFs::default();
+    let mounted = mount_or_skip(&fs, &dir)?;
+    Some((tmp, dir, fs, mounted))
 }
 
 fn read(path: &Path) -> Option<Vec<u8>> {
@@ -402,11 +413,7 @@ async fn acknowledged_writes_survive_power_cuts() {
         eprintln!("SKIPPED: the power-cut test runs the embedded SQLite store");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    let fs = PowerCutFs::default();
-    let Some(mut mounted) = mount_or_skip(&fs, &dir) else {
+    let Some((_tmp, dir, fs, mut mounted)) = mount_in_tempdir() else {
         return;
     };
     let endpoint = format!("sqlite://{}", dir.join("state.db").display());
@@ -436,11 +443,7 @@ async fn acknowledged_writes_survive_power_cuts_in_a_cluster() {
         eprintln!("SKIPPED: the power-cut test starts its own cluster of SQLite members");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    let fs = PowerCutFs::default();
-    let Some(mut mounted) = mount_or_skip(&fs, &dir) else {
+    let Some((_tmp, dir, fs, mut mounted)) = mount_in_tempdir() else {
         return;
     };
     let mut cluster = Cluster::start_direct_on(3, &dir).await;
