@@ -54,7 +54,8 @@
 //!   machine: a member (`cluster.rs`), joining and membership
 //!   (`membership.rs`, `member.rs`), leadership handover (`leadership.rs`),
 //!   elections after a pre-vote (`election.rs`), lease calls for the
-//!   leader (`leases.rs`), the log (`log_store.rs`), its entries (`proposal.rs`), the state machine
+//!   leader (`leases.rs`), the log (`log_store.rs`; `log_store/legacy.rs`
+//!   carries an older cetera's SQLite log over), its entries (`proposal.rs`), the state machine
 //!   (`state_machine.rs`), the peer service (`network.rs` client side,
 //!   `peer.rs` server side).
 //! - `store` (`src/store/`): etcd's semantics, written once. `mod.rs` is
