@@ -23,7 +23,7 @@ use anyhow::Context;
 
 /// The page cache's page, and the file system's block: what an fdatasync
 /// writes for a frame is every block the frame touches.
-const BLOCK_BYTES: u64 = 4096;
+pub(crate) const BLOCK_BYTES: u64 = 4096;
 
 /// Bytes before the first frame: one block, so that the header's rewrite at
 /// a new generation never shares a block with a frame.

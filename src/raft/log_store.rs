@@ -33,7 +33,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
 
 use super::{LogId, StorageError, TypeConfig, any_error};
-use crate::frame_file::{FRAME_HEADER_BYTES, FrameFile, HEADER_BYTES, sync_directory};
+use crate::frame_file::{BLOCK_BYTES, FRAME_HEADER_BYTES, FrameFile, HEADER_BYTES, sync_directory};
 use crate::metrics::metrics;
 
 type Entry = openraft::Entry<TypeConfig>;
@@ -334,7 +334,7 @@ impl Log {
             segment.unsynced = false;
         }
         let purged = self.purged.map(|purged| purged.index);
-        let needed = HEADER_BYTES + frame_bytes.next_multiple_of(4096) + 4096;
+        let needed = HEADER_BYTES + frame_bytes.next_multiple_of(BLOCK_BYTES) + BLOCK_BYTES;
         let generation = 1 + self
             .segments
             .values()
@@ -433,33 +433,41 @@ fn slot_of(path: &Path) -> Option<u32> {
 /// Appends `record` to `frame` and returns it as replayed, an entry's
 /// offset counted from the start of the frame's payload (its slot unset).
 fn encode(record: &Record, frame: &mut Vec<u8>) -> anyhow::Result<Replayed> {
-    let (tag, bytes, replayed) = match record {
-        Record::Entry(entry) => {
-            let bytes = postcard::to_stdvec(entry)?;
-            let located = Located {
-                log_id: entry.log_id,
-                slot: 0,
-                offset: (frame.len() - FRAME_HEADER_BYTES + RECORD_HEADER_BYTES) as u64,
-                length: u32::try_from(bytes.len())?,
-            };
-            (ENTRY, bytes, Replayed::Entry(located))
+    // The record's bytes go straight into the frame (no copy of an entry
+    // on the write path), after its tag and a length filled in after.
+    frame.push(match record {
+        Record::Entry(_) => ENTRY,
+        Record::Vote(_) => VOTE,
+        Record::Purged(_) => PURGED,
+        Record::Truncated(_) => TRUNCATED,
+    });
+    let length_at = frame.len();
+    frame.extend_from_slice(&[0; RECORD_HEADER_BYTES - 1]);
+    let start = frame.len();
+    let mut bytes = std::mem::take(frame);
+    bytes = match record {
+        Record::Entry(entry) => postcard::to_extend(entry, bytes)?,
+        Record::Vote(vote) => postcard::to_extend(vote, bytes)?,
+        Record::Purged(log_id) => postcard::to_extend(log_id, bytes)?,
+        Record::Truncated(index) => {
+            bytes.extend_from_slice(&index.to_le_bytes());
+            bytes
         }
-        Record::Vote(vote) => (VOTE, postcard::to_stdvec(vote)?, Replayed::Vote(**vote)),
-        Record::Purged(log_id) => (
-            PURGED,
-            postcard::to_stdvec(log_id)?,
-            Replayed::Purged(**log_id),
-        ),
-        Record::Truncated(index) => (
-            TRUNCATED,
-            index.to_le_bytes().to_vec(),
-            Replayed::Truncated(*index),
-        ),
     };
-    frame.push(tag);
-    frame.extend_from_slice(&u32::try_from(bytes.len())?.to_le_bytes());
-    frame.extend_from_slice(&bytes);
-    Ok(replayed)
+    *frame = bytes;
+    let length = u32::try_from(frame.len() - start)?;
+    frame[length_at..start].copy_from_slice(&length.to_le_bytes());
+    Ok(match record {
+        Record::Entry(entry) => Replayed::Entry(Located {
+            log_id: entry.log_id,
+            slot: 0,
+            offset: (start - FRAME_HEADER_BYTES) as u64,
+            length,
+        }),
+        Record::Vote(vote) => Replayed::Vote(**vote),
+        Record::Purged(log_id) => Replayed::Purged(**log_id),
+        Record::Truncated(index) => Replayed::Truncated(*index),
+    })
 }
 
 /// The records of the frame whose payload, at `offset` in segment `slot`,
