@@ -1414,3 +1414,61 @@ async fn keep_alives_are_the_leaders_and_outlive_it() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Puts 32 keys at once through member `i` and returns how many entries
+/// its log grew by meanwhile.
+async fn entries_for_32_puts(cluster: &Cluster, i: usize, round: usize) -> u64 {
+    let c = member_client(cluster, i).await;
+    let before = raft_index(cluster, i).await;
+    let puts = (0..32).map(|n| {
+        let mut c = c.clone();
+        async move {
+            c.put(format!("gathered/{round:02}/{n:02}"), "v", None)
+                .await
+        }
+    });
+    for put in futures_util::future::join_all(puts).await {
+        put.expect("put");
+    }
+    raft_index(cluster, i).await - before
+}
+
+/// Writes that come together share log entries, as in etcd: the leader
+/// puts the proposals that come while its entry is in flight into the next
+/// one, once every member has said it reads entries of several. While a
+/// member cannot say (down here, or an older cetera), every write is an
+/// entry of its own. Every member applies them with the same revisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_at_once_share_entries_once_every_member_reads_them() {
+    let mut cluster = Cluster::start_direct(3, &[]).await;
+    let leader = cluster.leader(&[], Duration::from_secs(10)).await;
+    let (down, up) = ((leader + 1) % 3, (leader + 2) % 3);
+
+    cluster.members[down].stop();
+    for round in 0..3 {
+        let entries = entries_for_32_puts(&cluster, leader, round).await;
+        assert!(
+            entries >= 32,
+            "32 puts in {entries} entries with a member that never said it reads several"
+        );
+    }
+
+    cluster.members[down].restart().await;
+    converges(&cluster, down, leader, "gathered/").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut round = 3;
+    loop {
+        let entries = entries_for_32_puts(&cluster, leader, round).await;
+        if entries < 32 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "32 puts at once never shared an entry: {entries} entries in round {round}"
+        );
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    converges(&cluster, down, leader, "gathered/").await;
+    converges(&cluster, up, leader, "gathered/").await;
+}

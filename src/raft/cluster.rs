@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::{RaftMetrics, SnapshotPolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -21,6 +21,7 @@ use super::membership::ask_leader;
 use super::network::{Method, PeerError, Peers};
 use super::peer::{JoinRequest, Joined, PeerService, Refusal};
 use super::proposal::{Proposal, Waiters};
+use super::proposer::Proposer;
 use super::state_machine::StateMachine;
 use super::{Member, Raft};
 use crate::backend::Backend;
@@ -130,6 +131,8 @@ pub struct Cluster {
     metrics: watch::Receiver<RaftMetrics<u64, Member>>,
     peers: Peers,
     waiters: Arc<Waiters>,
+    /// Puts this member's proposals in the log while it leads.
+    proposer: Proposer,
     /// Numbers this member's proposals; starts at the clock so that entries
     /// proposed before a restart never answer a waiter after it.
     next_seq: AtomicU64,
@@ -279,6 +282,7 @@ impl Cluster {
             cluster_id: AtomicU64::new(store.identity().cluster_id),
             token,
             metrics: raft.metrics(),
+            proposer: Proposer::start(id, raft.clone(), peers.clone()),
             raft,
             peers,
             waiters,
@@ -574,13 +578,7 @@ impl Cluster {
         if self.handing_over.load(Ordering::SeqCst) {
             return Err(Refusal::Busy);
         }
-        match self.raft.client_write(proposal).await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
-            }
-            Err(error) => Err(Refusal::Failed(error.to_string())),
-        }
+        self.proposer.propose(proposal).await
     }
 
     /// As leader: the index a linearizable read must wait for.

@@ -618,14 +618,14 @@ pub(super) mod tests {
 
     use super::*;
     use crate::proto::etcdserverpb::PutRequest;
-    use crate::raft::proposal::Proposal;
+    use crate::raft::proposal::{Proposal, Proposals};
     use crate::store::request::WriteRequest;
 
     /// An entry of `term` at `index`: a put of a 2 KiB value.
     pub(super) fn entry(term: u64, index: u64) -> Entry {
         Entry {
             log_id: openraft::LogId::new(CommittedLeaderId::new(term, 1), index),
-            payload: EntryPayload::Normal(Proposal {
+            payload: EntryPayload::Normal(Proposals(vec![Proposal {
                 origin: 1,
                 seq: index,
                 at_ms: 0,
@@ -634,7 +634,7 @@ pub(super) mod tests {
                     value: vec![b'v'; 2048],
                     ..Default::default()
                 }),
-            }),
+            }])),
         }
     }
 
@@ -790,8 +790,8 @@ pub(super) mod tests {
         let mut log = Log::open(&path, 16 << 10).unwrap();
         append(&mut log, 1, 1..=3);
         let mut large = entry(1, 4);
-        if let EntryPayload::Normal(proposal) = &mut large.payload
-            && let WriteRequest::Put(put) = &mut proposal.request
+        if let EntryPayload::Normal(Proposals(proposals)) = &mut large.payload
+            && let WriteRequest::Put(put) = &mut proposals[0].request
         {
             put.value = vec![b'x'; 100 << 10];
         }

@@ -64,7 +64,7 @@ pub enum MembershipChange {
 }
 
 /// Why a membership change through the etcd API failed.
-#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+#[derive(Clone, Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum MembershipError {
     /// etcd's ErrMemberNotFound.
     #[error("member not found")]

@@ -2,7 +2,8 @@
 //! store in step through Raft (openraft).
 //!
 //! Writes become `Proposal`s in a replicated log (`log_store`, fsynced before
-//! a member acknowledges an append). Once a quorum holds an entry, every
+//! a member acknowledges an append); the leader puts the proposals that come
+//! while its last entries are in flight into one entry (`proposer`). Once a quorum holds an entry, every
 //! member applies it through its ordinary local writer (`state_machine`),
 //! which stores the entry's position (its `Mark`) in the same SQLite commit:
 //! entries apply exactly once, with the same revisions everywhere, and the
@@ -23,6 +24,7 @@ mod membership;
 mod network;
 mod peer;
 mod proposal;
+mod proposer;
 mod state_machine;
 
 use std::io::Cursor;
@@ -36,7 +38,7 @@ openraft::declare_raft_types!(
     /// openraft's types for cetera: proposals in, nothing out (answers travel
     /// through `proposal::Waiters`), members with peer and client URLs.
     pub TypeConfig:
-        D = proposal::Proposal,
+        D = proposal::Proposals,
         R = (),
         NodeId = u64,
         Node = Member,

@@ -156,6 +156,7 @@ impl Peers {
             Method::PreVote => client.pre_vote(request).await,
             Method::HandingOver => client.handing_over(request).await,
             Method::Lease => client.lease(request).await,
+            Method::EntryFormat => client.entry_format(request).await,
         };
         let payload = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
@@ -205,6 +206,8 @@ pub enum Method {
     HandingOver,
     /// A lease call for the leader's lessor.
     Lease,
+    /// The newest log entry format the member reads.
+    EntryFormat,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Peers {

@@ -15,14 +15,14 @@ use super::cluster::Cluster;
 use super::election::PreVote;
 use super::membership::{MembershipChange, MembershipError};
 use super::network::TOKEN_HEADER;
-use super::proposal::Proposal;
+use super::proposal::{ENTRY_FORMAT, Proposal};
 use super::{Member, TypeConfig};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_server::Peer;
 use crate::store::LeaseCall;
 
 /// Why the leader did not do what a member asked.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Refusal {
     /// This member does not lead; the leader, if it knows one.
     NotLeader(Option<(u64, Member)>),
@@ -163,5 +163,10 @@ impl Peer for PeerService {
     async fn lease(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let call: LeaseCall = self.open(request)?;
         answer(&self.cluster.lead_lease_call(call).await)
+    }
+
+    async fn entry_format(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let (): () = self.open(request)?;
+        answer(&ENTRY_FORMAT)
     }
 }

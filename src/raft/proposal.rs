@@ -7,11 +7,18 @@
 //! member and call that made it. The member that made it waits for its own
 //! state machine to apply the entry: the answer is the one its local store
 //! gave, so a follower's client also reads its own write afterwards.
+//!
+//! An entry holds `Proposals`: one, or several that the leader gathered
+//! while earlier entries were in flight (see `raft::proposer`), so that at
+//! many clients a member appends and syncs many writes at once, as etcd's
+//! members do.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{Error as _, SeqAccess, Visitor};
+use serde::ser::SerializeTuple;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio::sync::oneshot;
 
 use super::{LogId, StoredMembership};
@@ -29,6 +36,77 @@ pub struct Proposal {
     pub at_ms: i64,
     /// The request (one that `WriteRequest::is_replicated`).
     pub request: WriteRequest,
+}
+
+/// The proposals of one log entry, never none. One is written exactly as a
+/// `Proposal` always was, so entries of one stay readable by members of an
+/// older cetera; several are written as a zero where a proposal's origin
+/// would be (no member has id 0) and then the list, which such a member
+/// fails to read rather than misreads (its proposal's next field, the list's
+/// length, would be the seq, and the first proposal's seq, a clock reading,
+/// no request's number). A leader puts several in an entry only once every
+/// member has said it reads them (`ENTRY_FORMAT`).
+#[derive(Clone, Debug)]
+pub struct Proposals(pub Vec<Proposal>);
+
+/// The entry format this member reads: 2 is `Proposals` of several.
+pub const ENTRY_FORMAT: u32 = 2;
+
+/// Where a proposal's origin is, the mark of an entry of several.
+const SEVERAL: u64 = 0;
+
+impl Serialize for Proposals {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => one.serialize(serializer),
+            several => {
+                let mut tuple = serializer.serialize_tuple(2)?;
+                tuple.serialize_element(&SEVERAL)?;
+                tuple.serialize_element(several)?;
+                tuple.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Proposals {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Proposals;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a proposal, or a zero and a list of proposals")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut fields: A) -> Result<Proposals, A::Error> {
+                let origin: u64 = field(&mut fields, 0)?;
+                if origin == SEVERAL {
+                    let several: Vec<Proposal> = field(&mut fields, 1)?;
+                    if several.is_empty() {
+                        return Err(A::Error::custom("an entry of no proposals"));
+                    }
+                    return Ok(Proposals(several));
+                }
+                Ok(Proposals(vec![Proposal {
+                    origin,
+                    seq: field(&mut fields, 1)?,
+                    at_ms: field(&mut fields, 2)?,
+                    request: field(&mut fields, 3)?,
+                }]))
+            }
+        }
+        fn field<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(
+            fields: &mut A,
+            n: usize,
+        ) -> Result<T, A::Error> {
+            fields
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(n, &"a proposal's four fields"))
+        }
+        // A proposal's fields, as postcard writes a struct: a tuple of four.
+        deserializer.deserialize_tuple(4, Fields)
+    }
 }
 
 /// Where the state machine stored up to: the last applied entry and the
@@ -259,6 +337,97 @@ mod tests {
             );
         }
     }
+
+    /// Proposals as a leader makes them: member ids and clock-reading seqs.
+    fn proposals(n: u64) -> Vec<Proposal> {
+        pairs()
+            .into_iter()
+            .take(n as usize)
+            .enumerate()
+            .map(|(i, (request, _))| Proposal {
+                origin: 0x8e9e_05c5_2164_694d + i as u64,
+                seq: 1_764_900_000_000_000_000 + i as u64,
+                at_ms: 1_764_900_000_000,
+                request,
+            })
+            .collect()
+    }
+
+    /// An entry as the log and AppendEntries carry it.
+    fn entry(proposals: Vec<Proposal>) -> openraft::Entry<crate::raft::TypeConfig> {
+        openraft::Entry {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 7),
+            payload: openraft::EntryPayload::Normal(Proposals(proposals)),
+        }
+    }
+
+    #[test]
+    fn an_entry_of_one_proposal_is_written_as_before() {
+        for (request, command) in pairs() {
+            let old = postcard::to_stdvec(&OldProposal {
+                origin: 1,
+                seq: 2,
+                at_ms: 3,
+                command,
+            })
+            .unwrap();
+            let one = Proposals(vec![Proposal {
+                origin: 1,
+                seq: 2,
+                at_ms: 3,
+                request,
+            }]);
+            assert_eq!(postcard::to_stdvec(&one).unwrap(), old, "{one:?}");
+            let read: Proposals = postcard::from_bytes(&old).unwrap();
+            assert_eq!(format!("{read:?}"), format!("{one:?}"), "old entry reads");
+        }
+    }
+
+    #[test]
+    fn entries_of_several_proposals_read_back_inside_an_entry() {
+        for n in [1, 2, 11] {
+            let written = entry(proposals(n));
+            let bytes = postcard::to_stdvec(&written).unwrap();
+            let read: openraft::Entry<crate::raft::TypeConfig> =
+                postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(format!("{read:?}"), format!("{written:?}"), "{n} proposals");
+        }
+        // Followed by more fields: an entry of several ends where it should.
+        let pair = (Proposals(proposals(3)), 42u64);
+        let bytes = postcard::to_stdvec(&pair).unwrap();
+        let (read, after): (Proposals, u64) = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(read.0.len(), 3);
+        assert_eq!(after, 42);
+    }
+
+    #[test]
+    fn an_older_member_cannot_misread_an_entry_of_several() {
+        for n in [2, 3, 11] {
+            let bytes = postcard::to_stdvec(&Proposals(proposals(n))).unwrap();
+            assert!(
+                postcard::from_bytes::<Proposal>(&bytes).is_err(),
+                "{n} proposals read as one"
+            );
+            let entry_bytes = postcard::to_stdvec(&entry(proposals(n))).unwrap();
+            assert!(postcard::from_bytes::<OldEntry>(&entry_bytes).is_err());
+        }
+        let none = postcard::to_stdvec(&(0u64, Vec::<Proposal>::new())).unwrap();
+        assert!(postcard::from_bytes::<Proposals>(&none).is_err());
+    }
+
+    /// An entry as a member before `Proposals` read it.
+    type OldEntry = openraft::Entry<OldTypeConfig>;
+
+    openraft::declare_raft_types!(
+        OldTypeConfig:
+            D = Proposal,
+            R = (),
+            NodeId = u64,
+            Node = crate::raft::Member,
+            Entry = openraft::Entry<OldTypeConfig>,
+            SnapshotData = std::io::Cursor<Vec<u8>>,
+            AsyncRuntime = openraft::TokioRuntime,
+    );
 
     #[test]
     fn local_requests_are_not_replicated() {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
 
-use super::proposal::{Mark, Waiters};
+use super::proposal::{Mark, Proposals, Waiters};
 use super::{LogId, StorageError, StoredMembership, TypeConfig, any_error};
 use crate::backend::Backend;
 use crate::store::request::{WriteRequest, WriteResponse};
@@ -144,38 +144,50 @@ impl<B: Backend> RaftStateMachine<TypeConfig> for StateMachine<B> {
         // Queue every entry first, so that the writer commits them together.
         let mut queued = Vec::new();
         for entry in entries {
-            let (request, at_ms, seq) = match entry.payload {
-                EntryPayload::Normal(proposal) => {
-                    let seq = (proposal.origin == self.member_id).then_some(proposal.seq);
-                    (proposal.request, proposal.at_ms, seq)
-                }
+            let proposals = match entry.payload {
+                EntryPayload::Normal(Proposals(proposals)) => proposals,
                 EntryPayload::Membership(membership) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), membership);
-                    (WriteRequest::Nothing, 0, None)
+                    Vec::new()
                 }
-                EntryPayload::Blank => (WriteRequest::Nothing, 0, None),
+                EntryPayload::Blank => Vec::new(),
             };
             let mark = Mark {
                 applied: Some(entry.log_id),
                 membership: self.membership.clone(),
             };
-            let answer = self
+            // An entry without requests still moves the mark.
+            let (requests, waiting): (Vec<_>, Vec<_>) = match proposals.is_empty() {
+                true => (vec![(WriteRequest::Nothing, 0)], vec![None]),
+                false => proposals
+                    .into_iter()
+                    .map(|p| {
+                        let waiting = (p.origin == self.member_id).then_some(p.seq);
+                        ((p.request, p.at_ms), waiting)
+                    })
+                    .unzip(),
+            };
+            let answers = self
                 .writer
-                .queue(request, at_ms, mark.encode())
+                .queue_entry(requests, mark.encode())
                 .await
                 .map_err(sm_write_error)?;
-            queued.push((entry.log_id, seq, answer));
+            queued.push((entry.log_id, waiting, answers));
         }
         let mut applied = Vec::with_capacity(queued.len());
-        for (log_id, seq, answer) in queued {
-            let answer: Result<WriteResponse, StoreError> = answer
-                .await
-                .map_err(|_| StorageIOError::apply(log_id, any_error("the store stopped")))?;
-            if let Err(StoreError::Backend(error)) = &answer {
-                return Err(StorageIOError::apply(log_id, any_error(format!("{error:#}"))).into());
-            }
-            if let Some(seq) = seq {
-                self.waiters.answer(seq, answer);
+        for (log_id, waiting, answers) in queued {
+            for (seq, answer) in waiting.into_iter().zip(answers) {
+                let answer: Result<WriteResponse, StoreError> = answer
+                    .await
+                    .map_err(|_| StorageIOError::apply(log_id, any_error("the store stopped")))?;
+                if let Err(StoreError::Backend(error)) = &answer {
+                    return Err(
+                        StorageIOError::apply(log_id, any_error(format!("{error:#}"))).into(),
+                    );
+                }
+                if let Some(seq) = seq {
+                    self.waiters.answer(seq, answer);
+                }
             }
             applied.push(());
         }

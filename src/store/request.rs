@@ -186,6 +186,10 @@ pub struct Queued {
     /// In replicated mode, the position in the replicated log this request
     /// brings the store to (see `crate::raft`), stored in the same commit.
     pub mark: Option<Vec<u8>>,
+    /// In replicated mode, whether more requests of the same log entry
+    /// follow this one: the writer commits an entry whole, so that the
+    /// store never holds part of one (its mark could not say which part).
+    pub entry_continues: bool,
     /// Where to answer.
     pub reply: oneshot::Sender<StoreResult<WriteResponse>>,
 }

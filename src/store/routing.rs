@@ -123,6 +123,7 @@ impl Writes {
             request,
             at_ms: apply::now_ms(),
             mark: None,
+            entry_continues: false,
             reply,
         };
         queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
@@ -167,23 +168,36 @@ impl LocalWriter {
         }
     }
 
-    /// Queues `request` (with the time it was made and the log position it
-    /// brings the store to) and returns where its answer will come.
-    pub async fn queue(
+    /// Queues the requests of one replicated log entry (each with the time
+    /// it was made), which bring the store to log position `mark`, and
+    /// returns where their answers will come. The writer commits them in
+    /// one commit.
+    pub async fn queue_entry(
         &self,
-        request: WriteRequest,
-        at_ms: i64,
+        requests: Vec<(WriteRequest, i64)>,
         mark: Vec<u8>,
-    ) -> StoreResult<oneshot::Receiver<StoreResult<WriteResponse>>> {
+    ) -> StoreResult<Vec<oneshot::Receiver<StoreResult<WriteResponse>>>> {
         let queue = self.queue.upgrade().ok_or(StoreError::Stopped)?;
-        let (reply, answer) = oneshot::channel();
-        let queued = Queued {
-            request,
-            at_ms,
-            mark: Some(mark),
-            reply,
-        };
-        queue.send(queued).await.map_err(|_| StoreError::Stopped)?;
-        Ok(answer)
+        // Room for all first, then no await until all are sent: a caller
+        // stopped midway cannot leave part of an entry queued.
+        let mut room = queue
+            .reserve_many(requests.len())
+            .await
+            .map_err(|_| StoreError::Stopped)?;
+        let last = requests.len().saturating_sub(1);
+        let mut answers = Vec::with_capacity(requests.len());
+        for (n, (request, at_ms)) in requests.into_iter().enumerate() {
+            let (reply, answer) = oneshot::channel();
+            let slot = room.next().ok_or(StoreError::Stopped)?;
+            slot.send(Queued {
+                request,
+                at_ms,
+                mark: Some(mark.clone()),
+                entry_continues: n < last,
+                reply,
+            });
+            answers.push(answer);
+        }
+        Ok(answers)
     }
 }

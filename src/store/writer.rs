@@ -75,6 +75,22 @@ async fn next_batch(
     }
 }
 
+/// Waits for the rest of a replicated log entry whose first requests are in
+/// `batch` (see `Queued::entry_continues`): they are being queued now, maybe
+/// after a request of this member's own housekeeping.
+async fn whole_entries(queue: &mut mpsc::Receiver<Queued>, batch: &mut Vec<Queued>) {
+    let entry_open = |batch: &[Queued]| {
+        let last_replicated = batch.iter().rev().find(|queued| queued.mark.is_some());
+        last_replicated.is_some_and(|queued| queued.entry_continues)
+    };
+    while entry_open(batch) {
+        match queue.recv().await {
+            Some(queued) => batch.push(queued),
+            None => return,
+        }
+    }
+}
+
 /// Runs until every sender of `queue` is gone.
 async fn run<B: Backend>(
     backend: Arc<B>,
@@ -99,6 +115,7 @@ async fn run<B: Backend>(
     let joins_at_lock = !backend.is_only_writer();
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while next_batch(&mut queue, &mut batch, deadlines.as_deref()).await {
+        whole_entries(&mut queue, &mut batch).await;
         if let Some(answers) = deadlines.as_ref().and_then(|d| d.renew(&batch)) {
             count_lease_changes(&answers);
             for (queued, answer) in batch.drain(..).zip(answers) {
@@ -491,4 +508,49 @@ async fn compact_step<T: WriteTxn>(
     }
     revs.compacted_through = through;
     Ok(WriteResponse::CompactStep)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn queued(mark: Option<&str>, entry_continues: bool) -> Queued {
+        Queued {
+            request: WriteRequest::Nothing,
+            at_ms: 0,
+            mark: mark.map(|m| m.as_bytes().to_vec()),
+            entry_continues,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn marks(batch: &[Queued]) -> Vec<Option<&[u8]>> {
+        batch.iter().map(|q| q.mark.as_deref()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_the_rest_of_an_entry_and_no_more() {
+        let (send, mut queue) = mpsc::channel(16);
+        // The writer woke with the first of entry 7's three requests; a
+        // compaction step came between its second and its last.
+        let mut batch = vec![queued(Some("7"), true)];
+        for q in [
+            queued(Some("7"), true),
+            queued(None, false),
+            queued(Some("7"), false),
+            queued(Some("8"), false),
+        ] {
+            send.send(q).await.unwrap();
+        }
+        whole_entries(&mut queue, &mut batch).await;
+        let want: Vec<Option<&[u8]>> = vec![Some(b"7"), Some(b"7"), None, Some(b"7")];
+        assert_eq!(marks(&batch), want);
+        // A batch that ends with a whole entry waits for nothing.
+        let mut next = Vec::new();
+        queue.recv_many(&mut next, 16).await;
+        whole_entries(&mut queue, &mut next).await;
+        assert_eq!(marks(&next), vec![Some(&b"8"[..])]);
+    }
 }

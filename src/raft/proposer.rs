@@ -1,0 +1,272 @@
+//! The leader's proposer: how this member's proposals become log entries.
+//!
+//! openraft 0.9 appends and syncs each client write as an entry of its own
+//! before it takes the next (`RaftCore::append_to_log` awaits the flush), so
+//! at many clients a member synced its log about once per write, where
+//! etcd's members sync once per many. The proposer writes one entry at a
+//! time and puts the proposals that came meanwhile into the next one
+//! together (`Proposals`), as etcd's raft appends every proposal that came
+//! since its last Ready at once. (Two entries in flight did no better in
+//! BENCHMARKS.md's run, "Replicated mode: proposals gathered into entries",
+//! and synced more often.) Entries of several go into the log only once
+//! every member has said it reads them (`ENTRY_FORMAT`); until then each
+//! proposal is an entry of its own, as before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use openraft::error::{ClientWriteError, RaftError};
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+
+use super::Raft;
+use super::network::{Method, Peers};
+use super::peer::Refusal;
+use super::proposal::{ENTRY_FORMAT, Proposal, Proposals};
+use crate::store::request::WriteRequest;
+
+/// At most this many proposals in one entry.
+const MOST_PER_ENTRY: usize = 256;
+
+/// An entry stops gathering at about this many bytes of requests (one
+/// larger request is an entry of its own), so that entries stay the size
+/// of etcd's largest request rather than hundreds of them.
+const ENTRY_BYTES: usize = 1536 * 1024;
+
+/// How long a member that did not say which entries it reads (an older
+/// cetera, or out of reach) goes before it is asked again.
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(3);
+
+/// How long asking a member may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A proposal waiting for its entry, and where the outcome goes.
+type Waiting = (Proposal, oneshot::Sender<Result<(), Refusal>>);
+
+/// Turns this member's proposals into log entries while it leads.
+pub(super) struct Proposer {
+    queue: mpsc::UnboundedSender<Waiting>,
+}
+
+impl Proposer {
+    /// Starts proposing into `raft` as member `id`, asking the members
+    /// through `peers` which entries they read.
+    pub(super) fn start(id: u64, raft: Raft, peers: Peers) -> Proposer {
+        let (queue, waiting) = mpsc::unbounded_channel();
+        let formats = Arc::new(EntryFormats {
+            id,
+            peers,
+            known: Mutex::default(),
+        });
+        tokio::spawn(propose(raft, waiting, formats));
+        Proposer { queue }
+    }
+
+    /// Puts `proposal` in the log and returns once it is applied here.
+    pub(super) async fn propose(&self, proposal: Proposal) -> Result<(), Refusal> {
+        let stopped = || Refusal::Failed("the proposer stopped".to_string());
+        let (reply, outcome) = oneshot::channel();
+        self.queue.send((proposal, reply)).map_err(|_| stopped())?;
+        outcome.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+/// Runs until every `Proposer` handle is gone.
+async fn propose(
+    raft: Raft,
+    mut waiting: mpsc::UnboundedReceiver<Waiting>,
+    formats: Arc<EntryFormats>,
+) {
+    // A proposal that did not fit in the last entry starts the next.
+    let mut left_over = None;
+    loop {
+        let first = match left_over.take() {
+            Some(first) => first,
+            None => match waiting.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let gathered;
+        (gathered, left_over) = gather(first, &mut waiting);
+        let entries = match gathered.len() > 1 && formats.all_read_several(&raft) {
+            true => vec![gathered],
+            false => gathered.into_iter().map(|one| vec![one]).collect(),
+        };
+        // Until these are applied here, the next proposals gather.
+        join_all(entries.into_iter().map(|entry| write(&raft, entry))).await;
+    }
+}
+
+/// `first` and the proposals waiting after it, as many as one entry takes,
+/// and the one that came next if it did not fit.
+fn gather(
+    first: Waiting,
+    waiting: &mut mpsc::UnboundedReceiver<Waiting>,
+) -> (Vec<Waiting>, Option<Waiting>) {
+    let mut bytes = request_bytes(&first.0.request);
+    let mut gathered = vec![first];
+    while gathered.len() < MOST_PER_ENTRY
+        && let Ok(next) = waiting.try_recv()
+    {
+        bytes += request_bytes(&next.0.request);
+        if bytes > ENTRY_BYTES {
+            return (gathered, Some(next));
+        }
+        gathered.push(next);
+    }
+    (gathered, None)
+}
+
+/// About the size of `request` in an entry: its etcd message's.
+fn request_bytes(request: &WriteRequest) -> usize {
+    match request {
+        WriteRequest::Put(put) => put.encoded_len(),
+        WriteRequest::DeleteRange(delete) => delete.encoded_len(),
+        WriteRequest::Txn(txn) => txn.encoded_len(),
+        WriteRequest::Auth(auth) => auth
+            .records
+            .iter()
+            .map(|(_, name, record)| name.len() + record.as_ref().map_or(0, Vec::len))
+            .sum(),
+        _ => 16,
+    }
+}
+
+/// Writes one entry and tells each of its proposals the outcome.
+async fn write(raft: &Raft, entry: Vec<Waiting>) {
+    let (proposals, replies): (Vec<_>, Vec<_>) = entry.into_iter().unzip();
+    let outcome = match raft.client_write(Proposals(proposals)).await {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
+        }
+        Err(error) => Err(Refusal::Failed(error.to_string())),
+    };
+    for reply in replies {
+        let _ = reply.send(outcome.clone());
+    }
+}
+
+/// What the leader knows of the entry formats the members read.
+struct EntryFormats {
+    id: u64,
+    peers: Peers,
+    known: Mutex<HashMap<u64, Known>>,
+}
+
+enum Known {
+    /// The member said it reads entries up to this format.
+    Reads(u32),
+    /// Asked at this time, no answer yet (or none that said).
+    Asked(Instant),
+}
+
+impl EntryFormats {
+    /// Whether every member of the current membership reads entries of
+    /// several proposals. Asks, without waiting, the members it does not
+    /// know of yet.
+    fn all_read_several(self: &Arc<Self>, raft: &Raft) -> bool {
+        let members: Vec<_> = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            membership
+                .nodes()
+                .filter(|(id, _)| **id != self.id)
+                .map(|(id, member)| (*id, member.peer_url.clone()))
+                .collect()
+        };
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = true;
+        for (id, peer_url) in members {
+            match known.get(&id) {
+                Some(Known::Reads(format)) if *format >= ENTRY_FORMAT => continue,
+                Some(Known::Asked(at)) if at.elapsed() < ASK_AGAIN_AFTER => {}
+                _ => {
+                    known.insert(id, Known::Asked(Instant::now()));
+                    tokio::spawn(self.clone().ask(id, peer_url));
+                }
+            }
+            all = false;
+        }
+        all
+    }
+
+    /// Asks member `id` which entries it reads.
+    async fn ask(self: Arc<Self>, id: u64, peer_url: String) {
+        let answer: Result<u32, _> = self
+            .peers
+            .call(&peer_url, Method::EntryFormat, &(), ASK_TIMEOUT)
+            .await;
+        match answer {
+            Ok(format) => {
+                let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+                known.insert(id, Known::Reads(format));
+            }
+            Err(error) => tracing::debug!(
+                member_id = format_args!("{id:x}"),
+                "no entry format from the member: {error}"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::etcdserverpb::PutRequest;
+
+    fn put_of(value_bytes: usize) -> Waiting {
+        let put = PutRequest {
+            key: b"k".to_vec(),
+            value: vec![b'v'; value_bytes],
+            ..Default::default()
+        };
+        let proposal = Proposal {
+            origin: 1,
+            seq: 1,
+            at_ms: 0,
+            request: WriteRequest::Put(put),
+        };
+        (proposal, oneshot::channel().0)
+    }
+
+    /// Entries, each as its proposals' value sizes, of what is waiting.
+    fn entries(sizes: &[usize]) -> Vec<Vec<usize>> {
+        let (send, mut waiting) = mpsc::unbounded_channel();
+        for size in sizes {
+            send.send(put_of(*size)).unwrap();
+        }
+        let mut entries = Vec::new();
+        let mut left_over = None;
+        while let Some(first) = left_over.take().or_else(|| waiting.try_recv().ok()) {
+            let gathered;
+            (gathered, left_over) = gather(first, &mut waiting);
+            entries.push(gathered.iter().map(|(p, _)| value_bytes(p)).collect());
+        }
+        entries
+    }
+
+    fn value_bytes(proposal: &Proposal) -> usize {
+        match &proposal.request {
+            WriteRequest::Put(put) => put.value.len(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn entries_take_what_waits_up_to_their_count_and_size() {
+        let small = vec![100; MOST_PER_ENTRY + 10];
+        let sizes: Vec<usize> = entries(&small).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![MOST_PER_ENTRY, 10]);
+
+        let mib = 1 << 20;
+        assert_eq!(
+            entries(&[100, mib, mib, 100, 2 * mib, 100]),
+            vec![vec![100, mib], vec![mib, 100], vec![2 * mib], vec![100]],
+        );
+    }
+}
