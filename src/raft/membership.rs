@@ -386,11 +386,26 @@ impl Cluster {
     }
 
     async fn apply_membership(&self, change: ChangeMembers<u64, Member>) -> Result<(), Refusal> {
-        self.raft()
+        let changed = self
+            .raft()
             .change_membership(change, false)
             .await
-            .map(|_| ())
-            .map_err(refusal_of)
+            .map_err(refusal_of)?;
+        // openraft answers once the change is applied and publishes its
+        // metrics after: MemberList, which reads them, must show the change
+        // once the call that made it returns, as etcd's does.
+        let shown = self
+            .raft()
+            .wait(Some(REQUEST_TIMEOUT))
+            .metrics(
+                |m| *m.membership_config.log_id() >= Some(changed.log_id),
+                "the membership change in the metrics",
+            )
+            .await;
+        if let Err(error) = shown {
+            tracing::warn!("the membership change is applied but not shown yet: {error}");
+        }
+        Ok(())
     }
 }
 

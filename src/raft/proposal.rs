@@ -42,10 +42,11 @@ pub struct Proposal {
 /// `Proposal` always was, so entries of one stay readable by members of an
 /// older cetera; several are written as a zero where a proposal's origin
 /// would be (no member has id 0) and then the list, which such a member
-/// fails to read rather than misreads (its proposal's next field, the list's
-/// length, would be the seq, and the first proposal's seq, a clock reading,
-/// no request's number). A leader puts several in an entry only once every
-/// member has said it reads them (`ENTRY_FORMAT`).
+/// fails to read rather than misreads: it would take the list's length for
+/// the seq, the first proposal's origin for the time, and that proposal's
+/// seq, a clock reading, for the request's number, which no request has. A
+/// leader puts several in an entry only once every member has said it reads
+/// them (`ENTRY_FORMAT`).
 #[derive(Clone, Debug)]
 pub struct Proposals(pub Vec<Proposal>);
 

@@ -169,25 +169,18 @@ impl EntryFormats {
     /// several proposals. Asks, without waiting, the members it does not
     /// know of yet.
     fn all_read_several(self: &Arc<Self>, raft: &Raft) -> bool {
-        let members: Vec<_> = {
-            let metrics = raft.metrics();
-            let metrics = metrics.borrow();
-            let membership = metrics.membership_config.membership();
-            membership
-                .nodes()
-                .filter(|(id, _)| **id != self.id)
-                .map(|(id, member)| (*id, member.peer_url.clone()))
-                .collect()
-        };
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
         let mut all = true;
-        for (id, peer_url) in members {
-            match known.get(&id) {
+        for (id, member) in metrics.membership_config.membership().nodes() {
+            match known.get(id) {
+                _ if *id == self.id => continue,
                 Some(Known::Reads(format)) if *format >= ENTRY_FORMAT => continue,
                 Some(Known::Asked(at)) if at.elapsed() < ASK_AGAIN_AFTER => {}
                 _ => {
-                    known.insert(id, Known::Asked(Instant::now()));
-                    tokio::spawn(self.clone().ask(id, peer_url));
+                    known.insert(*id, Known::Asked(Instant::now()));
+                    tokio::spawn(self.clone().ask(*id, member.peer_url.clone()));
                 }
             }
             all = false;

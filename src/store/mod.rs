@@ -248,6 +248,14 @@ impl<B: Backend> Store<B> {
         Ok(logged.into_iter().map(Arc::new).collect())
     }
 
+    /// The compact revision as the database holds it now: ahead of
+    /// `revisions()` between a compaction's commit and its publication (on
+    /// a shared database, another instance's compaction).
+    pub async fn stored_compact_revision(&self) -> StoreResult<i64> {
+        let mut txn = self.backend.read().await?;
+        Ok(txn.revisions().await?.compact)
+    }
+
     /// `revisions_after` read from the log only, for tests that hold the
     /// hub's window against it.
     #[cfg(test)]

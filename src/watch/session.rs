@@ -337,7 +337,10 @@ impl<B: Backend> WatchSession<B> {
                 Ok(revisions) => revisions,
                 Err(StoreError::Compacted) => {
                     self.watchers.remove(&id);
-                    let compact = self.store.revisions().compact;
+                    // The read saw the database's compaction, which this
+                    // member's counters take in only once it is published.
+                    let stored = self.store.stored_compact_revision().await;
+                    let compact = stored.unwrap_or(-1).max(self.store.revisions().compact);
                     // etcd sends this one with a zero header revision.
                     return self
                         .send(response(0, id, |r| {
