@@ -409,8 +409,9 @@ impl Cluster {
     }
 }
 
-/// A failed membership change, as the member that asked sees it.
-fn refusal_of(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Refusal {
+/// A failed client write or membership change, as the member that asked
+/// sees it.
+pub(super) fn refusal_of(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Refusal {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
             Refusal::NotLeader(f.leader_id.zip(f.leader_node))

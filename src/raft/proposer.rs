@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Raft;
+use super::membership::refusal_of;
 use super::network::{Method, Peers};
 use super::peer::Refusal;
 use super::proposal::{ENTRY_FORMAT, Proposal, Proposals};
@@ -126,11 +126,7 @@ fn request_bytes(request: &WriteRequest) -> usize {
         WriteRequest::Put(put) => put.encoded_len(),
         WriteRequest::DeleteRange(delete) => delete.encoded_len(),
         WriteRequest::Txn(txn) => txn.encoded_len(),
-        WriteRequest::Auth(auth) => auth
-            .records
-            .iter()
-            .map(|(_, name, record)| name.len() + record.as_ref().map_or(0, Vec::len))
-            .sum(),
+        // Leases, compactions, alarms and auth changes are small.
         _ => 16,
     }
 }
@@ -138,13 +134,11 @@ fn request_bytes(request: &WriteRequest) -> usize {
 /// Writes one entry and tells each of its proposals the outcome.
 async fn write(raft: &Raft, entry: Vec<Waiting>) {
     let (proposals, replies): (Vec<_>, Vec<_>) = entry.into_iter().unzip();
-    let outcome = match raft.client_write(Proposals(proposals)).await {
-        Ok(_) => Ok(()),
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-            Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
-        }
-        Err(error) => Err(Refusal::Failed(error.to_string())),
-    };
+    let outcome = raft
+        .client_write(Proposals(proposals))
+        .await
+        .map(|_| ())
+        .map_err(refusal_of);
     for reply in replies {
         let _ = reply.send(outcome.clone());
     }
