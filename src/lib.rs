@@ -56,7 +56,8 @@
 //!   elections after a pre-vote (`election.rs`), lease calls for the
 //!   leader (`leases.rs`), the log (`log_store.rs`; `log_store/legacy.rs`
 //!   carries an older cetera's SQLite log over), its entries (`proposal.rs`),
-//!   the leader's proposals gathered into entries (`proposer.rs`), the state machine
+//!   the leader's proposals gathered into entries (`proposer.rs`), a
+//!   follower's sent to the leader together (`forwarder.rs`), the state machine
 //!   (`state_machine.rs`), the peer service (`network.rs` client side,
 //!   `peer.rs` server side).
 //! - `store` (`src/store/`): etcd's semantics, written once. `mod.rs` is

@@ -1472,3 +1472,36 @@ async fn writes_at_once_share_entries_once_every_member_reads_them() {
     converges(&cluster, down, leader, "gathered/").await;
     converges(&cluster, up, leader, "gathered/").await;
 }
+
+/// A follower sends the writes that come to it together to the leader in
+/// few calls (etcd's followers stream their proposals to the leader rather
+/// than making a call each), and every member applies them alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_writes_at_once_in_few_calls() {
+    let cluster = Cluster::start_direct(3, &[]).await;
+    let leader = cluster.leader(&[], Duration::from_secs(10)).await;
+    let follower = (leader + 1) % 3;
+    let forwarded = |scrape: &common::http::Scrape| {
+        (
+            scrape.value("cetera_raft_forwarded_writes_count", &[]),
+            scrape.value("cetera_raft_forwarded_writes_sum", &[]),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for round in 0.. {
+        let before = forwarded(&common::http::scrape(&cluster.members[follower].addr()).await);
+        entries_for_32_puts(&cluster, follower, round).await;
+        let after = forwarded(&common::http::scrape(&cluster.members[follower].addr()).await);
+        let (calls, writes) = (after.0 - before.0, after.1 - before.1);
+        assert_eq!(writes, 32.0, "writes forwarded in round {round}");
+        if calls < writes {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "32 writes at once through a follower never shared a call"
+        );
+    }
+    converges(&cluster, follower, leader, "gathered/").await;
+    converges(&cluster, (leader + 2) % 3, leader, "gathered/").await;
+}

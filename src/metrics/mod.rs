@@ -82,6 +82,9 @@ pub struct Metrics {
     /// Writes that failed for want of a leader, a timeout or the datastore,
     /// not by their own terms (etcd: etcd_server_proposals_failed_total).
     pub proposals_failed: IntCounter,
+    /// Writes a follower sent to the leader in each call
+    /// (cetera_raft_forwarded_writes).
+    pub forwarded_writes: Histogram,
 }
 
 /// The process-wide metrics.
@@ -249,11 +252,19 @@ impl Metrics {
                 "The total number of failed proposals seen.",
             )
             .expect("valid metric"),
+            forwarded_writes: Histogram::with_opts(
+                HistogramOpts::new(
+                    "cetera_raft_forwarded_writes",
+                    "Writes a follower sent to the leader together in one call.",
+                )
+                .buckets(exponential_buckets(1.0, 2.0, 9).expect("valid buckets")),
+            )
+            .expect("valid metric"),
             registry,
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 28] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 29] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -281,6 +292,7 @@ impl Metrics {
             Box::new(metrics.proposals_applied.clone()),
             Box::new(metrics.proposals_pending.clone()),
             Box::new(metrics.proposals_failed.clone()),
+            Box::new(metrics.forwarded_writes.clone()),
             // process_resident_memory_bytes, process_cpu_seconds_total,
             // process_open_fds...: what etcd's Go client exports and
             // etcd's dashboards and `etcdctl check datascale` read.

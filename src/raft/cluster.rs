@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::election::{LeaderHeard, campaign_when_leaderless, monitor_leader};
+use super::forwarder::Forwarder;
 use super::log_store::LogStore;
 use super::membership::ask_leader;
 use super::network::{Method, PeerError, Peers};
@@ -133,6 +134,8 @@ pub struct Cluster {
     waiters: Arc<Waiters>,
     /// Puts this member's proposals in the log while it leads.
     proposer: Proposer,
+    /// Sends this member's proposals to the leader while it follows.
+    forwarder: Forwarder,
     /// Numbers this member's proposals; starts at the clock so that entries
     /// proposed before a restart never answer a waiter after it.
     next_seq: AtomicU64,
@@ -283,6 +286,7 @@ impl Cluster {
             token,
             metrics: raft.metrics(),
             proposer: Proposer::start(id, raft.clone(), peers.clone()),
+            forwarder: Forwarder::start(peers.clone(), REQUEST_TIMEOUT),
             raft,
             peers,
             waiters,
@@ -600,15 +604,22 @@ impl Cluster {
     async fn submit(&self, proposal: &Proposal) -> StoreResult<()> {
         let deadline = Instant::now() + LEADER_WAIT;
         loop {
-            let refusal = match self.lead_write(proposal.clone()).await {
-                Ok(()) => return Ok(()),
-                Err(refusal) => refusal,
+            // Raft names another leader: straight to it (if it no longer
+            // leads, it says so, and the next round asks Raft here).
+            let refusal = match self.leader() {
+                Some((leader, member)) if leader != self.id => {
+                    Refusal::NotLeader(Some((leader, member)))
+                }
+                _ => match self.lead_write(proposal.clone()).await {
+                    Ok(()) => return Ok(()),
+                    Err(refusal) => refusal,
+                },
             };
             match refusal {
                 Refusal::NotLeader(Some((leader, member))) if leader != self.id => {
-                    let answer: Result<Result<(), Refusal>, PeerError> = self
-                        .peers
-                        .call(&member.peer_url, Method::Forward, proposal, REQUEST_TIMEOUT)
+                    let answer = self
+                        .forwarder
+                        .forward(&member.peer_url, proposal.clone())
                         .await;
                     match answer {
                         Ok(Ok(())) => return Ok(()),

@@ -16,6 +16,7 @@
 
 mod cluster;
 mod election;
+mod forwarder;
 mod leadership;
 mod leases;
 mod log_store;

@@ -27,7 +27,7 @@ use crate::proto::ceterapb::peer_client::PeerClient;
 pub const TOKEN_HEADER: &str = "cetera-token";
 
 /// A failed peer call.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PeerError {
     /// The peer could not be reached: nothing was delivered.
     #[error("cannot reach {url}: {message}")]
@@ -148,6 +148,7 @@ impl Peers {
             Method::Vote => client.vote(request).await,
             Method::InstallSnapshot => client.install_snapshot(request).await,
             Method::Forward => client.forward(request).await,
+            Method::ForwardSeveral => client.forward_several(request).await,
             Method::ReadIndex => client.read_index(request).await,
             Method::Join => client.join(request).await,
             Method::ChangeMembers => client.change_members(request).await,
@@ -190,6 +191,8 @@ pub enum Method {
     InstallSnapshot,
     /// A write for the leader.
     Forward,
+    /// Writes for the leader, each answered on its own.
+    ForwardSeveral,
     /// The leader's read index.
     ReadIndex,
     /// Adding a member.

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use futures_util::future::join_all;
 use openraft::raft::AppendEntriesResponse;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -122,6 +123,16 @@ impl Peer for PeerService {
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let proposal: Proposal = self.open(request)?;
         answer(&self.cluster.lead_write(proposal).await)
+    }
+
+    async fn forward_several(
+        &self,
+        request: Request<Payload>,
+    ) -> Result<Response<Payload>, Status> {
+        let proposals: Vec<Proposal> = self.open(request)?;
+        // Proposed together, they gather into the leader's next entry.
+        let writes = proposals.into_iter().map(|p| self.cluster.lead_write(p));
+        answer(&join_all(writes).await)
     }
 
     async fn read_index(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
