@@ -286,7 +286,7 @@ impl Cluster {
             token,
             metrics: raft.metrics(),
             proposer: Proposer::start(id, raft.clone(), peers.clone()),
-            forwarder: Forwarder::start(peers.clone(), REQUEST_TIMEOUT),
+            forwarder: Forwarder::new(peers.clone(), REQUEST_TIMEOUT),
             raft,
             peers,
             waiters,

@@ -4,30 +4,26 @@
 //! many clients it made a call per write where the leader, gathering them,
 //! wrote one entry per many (BENCHMARKS.md, "Replicated mode: proposals
 //! gathered into entries": 1.1x etcd's puts through a follower against 1.4x
-//! through the leader). The forwarder sends the proposals that wait for the
-//! same leader in one `ForwardSeveral` call, gathered as the leader's
-//! proposer gathers entries, with a few calls in flight. A leader that does
+//! through the leader). The forwarder sends the proposals that wait for a
+//! leader in one `ForwardSeveral` call, gathered as the leader's proposer
+//! gathers entries, one call at a time per leader: what comes while a call
+//! is out goes in the next (BENCHMARKS.md, "A follower's writes forwarded
+//! together": one call in flight did better than four). A leader that does
 //! not know the call (an older cetera answers `Unimplemented`, having
 //! delivered nothing) gets each proposal in a `Forward` call of its own, as
 //! before, and is asked again after a while.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::network::{Method, PeerError, Peers};
 use super::peer::Refusal;
 use super::proposal::Proposal;
 use super::proposer::gather;
-
-/// Calls to the leader in flight at once. With one, the proposals that come
-/// during a call wait for its answer, a whole entry's round, before they
-/// leave; with a few, they leave as they gather and join the leader's next
-/// entry.
-const CALLS_AT_ONCE: usize = 4;
 
 /// How long a leader that did not know `ForwardSeveral` goes before it is
 /// asked again (it may have been upgraded meanwhile).
@@ -36,24 +32,26 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_secs(3);
 /// The leader's answer to a forwarded proposal, or why there was none.
 pub(super) type Forwarded = Result<Result<(), Refusal>, PeerError>;
 
-/// A proposal on its way to the leader at `leader` (its peer URL).
-struct Forwarding {
-    leader: String,
-    proposal: Proposal,
-    reply: oneshot::Sender<Forwarded>,
-}
+/// A proposal on its way to the leader, and where its answer goes.
+type Forwarding = (Proposal, oneshot::Sender<Forwarded>);
 
 /// Sends this member's proposals to the leader while it follows.
 pub(super) struct Forwarder {
-    queue: mpsc::UnboundedSender<Forwarding>,
+    peers: Peers,
+    timeout: Duration,
+    /// One lane per leader (by peer URL): a call that hangs on a leader
+    /// that is gone holds up no proposal for the next one.
+    lanes: Mutex<HashMap<String, mpsc::UnboundedSender<Forwarding>>>,
 }
 
 impl Forwarder {
-    /// Starts forwarding through `peers`, each call within `timeout`.
-    pub(super) fn start(peers: Peers, timeout: Duration) -> Forwarder {
-        let (queue, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(forward_all(peers, timeout, waiting));
-        Forwarder { queue }
+    /// Forwards through `peers`, each call within `timeout`.
+    pub(super) fn new(peers: Peers, timeout: Duration) -> Forwarder {
+        Forwarder {
+            peers,
+            timeout,
+            lanes: Mutex::default(),
+        }
     }
 
     /// Sends `proposal` to the leader at peer URL `leader` and returns its
@@ -64,25 +62,34 @@ impl Forwarder {
             message: "the forwarder stopped".to_string(),
         };
         let (reply, answer) = oneshot::channel();
-        let forwarding = Forwarding {
-            leader: leader.to_string(),
-            proposal,
-            reply,
-        };
-        self.queue.send(forwarding).map_err(|_| stopped())?;
+        self.lane(leader)
+            .send((proposal, reply))
+            .map_err(|_| stopped())?;
         answer.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// The lane to `leader`, started on first use.
+    fn lane(&self, leader: &str) -> mpsc::UnboundedSender<Forwarding> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        let lane = lanes.entry(leader.to_string()).or_insert_with(|| {
+            let (lane, waiting) = mpsc::unbounded_channel();
+            let (peers, leader) = (self.peers.clone(), leader.to_string());
+            tokio::spawn(forward_all(peers, leader, self.timeout, waiting));
+            lane
+        });
+        lane.clone()
     }
 }
 
-/// Runs until every `Forwarder` handle is gone.
+/// Runs one leader's lane until the `Forwarder` is gone.
 async fn forward_all(
     peers: Peers,
+    leader: String,
     timeout: Duration,
     mut waiting: mpsc::UnboundedReceiver<Forwarding>,
 ) {
-    let calls = Arc::new(Semaphore::new(CALLS_AT_ONCE));
-    // Leaders that answered `ForwardSeveral` with Unimplemented, and when.
-    let older: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    // When the leader last answered `ForwardSeveral` with Unimplemented.
+    let mut older: Option<Instant> = None;
     let mut left_over = None;
     loop {
         let first = match left_over.take() {
@@ -92,96 +99,78 @@ async fn forward_all(
                 None => return,
             },
         };
-        // What comes while the calls in flight are answered gathers.
-        let Ok(call) = calls.clone().acquire_owned().await else {
-            return;
-        };
         let gathered;
-        (gathered, left_over) = gather(
-            first,
-            &mut waiting,
-            |f: &Forwarding| &f.proposal,
-            |first, next| first.leader == next.leader,
-        );
-        let (peers, older) = (peers.clone(), older.clone());
-        tokio::spawn(async move {
-            send(&peers, timeout, &older, gathered).await;
-            drop(call);
-        });
+        (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p);
+        // Until the leader answers, the next proposals gather.
+        send(&peers, &leader, timeout, &mut older, gathered).await;
     }
 }
 
-/// Sends `gathered` (proposals for one leader) in one call, or in a call
-/// each to a leader that does not know the call for several, and hands out
-/// the answers.
+/// Sends `gathered` to `leader` in one call, or in a call each when it does
+/// not know the call for several, and hands out the answers.
 async fn send(
     peers: &Peers,
+    leader: &str,
     timeout: Duration,
-    older: &Mutex<HashMap<String, Instant>>,
+    older: &mut Option<Instant>,
     gathered: Vec<Forwarding>,
 ) {
-    let leader = gathered[0].leader.clone();
-    let known_older = {
-        let mut older = older.lock().unwrap_or_else(|e| e.into_inner());
-        older.retain(|_, at| at.elapsed() < ASK_AGAIN_AFTER);
-        older.contains_key(&leader)
-    };
     let forwarded = &crate::metrics::metrics().forwarded_writes;
+    let known_older = older.is_some_and(|at| at.elapsed() < ASK_AGAIN_AFTER);
     if gathered.len() > 1 && !known_older {
         forwarded.observe(gathered.len() as f64);
-        let proposals: Vec<&Proposal> = gathered.iter().map(|f| &f.proposal).collect();
+        let proposals: Vec<&Proposal> = gathered.iter().map(|(p, _)| p).collect();
         let answer: Result<Vec<Result<(), Refusal>>, PeerError> = peers
-            .call(&leader, Method::ForwardSeveral, &proposals, timeout)
+            .call(leader, Method::ForwardSeveral, &proposals, timeout)
             .await;
-        match answer {
+        let error = match answer {
             Ok(answers) if answers.len() == gathered.len() => {
-                for (forwarding, answer) in gathered.into_iter().zip(answers) {
-                    let _ = forwarding.reply.send(Ok(answer));
+                for ((_, reply), answer) in gathered.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
                 }
                 return;
             }
-            Ok(answers) => {
-                let garbled = PeerError::Garbled {
-                    url: leader,
-                    message: format!(
-                        "{} answers to {} forwarded proposals",
-                        answers.len(),
-                        gathered.len()
-                    ),
-                };
-                for forwarding in gathered {
-                    let _ = forwarding.reply.send(Err(garbled.clone()));
-                }
-                return;
-            }
+            Ok(answers) => PeerError::Garbled {
+                url: leader.to_string(),
+                message: format!(
+                    "{} answers to {} forwarded proposals",
+                    answers.len(),
+                    gathered.len()
+                ),
+            },
             // An older leader: nothing was delivered, so each goes on its own.
             Err(PeerError::Refused { status, .. })
                 if status.code() == tonic::Code::Unimplemented =>
             {
-                let mut older = older.lock().unwrap_or_else(|e| e.into_inner());
-                older.insert(leader.clone(), Instant::now());
+                *older = Some(Instant::now());
+                return send_each(peers, leader, timeout, gathered).await;
             }
-            Err(error) => {
-                for forwarding in gathered {
-                    let _ = forwarding.reply.send(Err(error.clone()));
-                }
-                return;
-            }
+            Err(error) => error,
+        };
+        for (_, reply) in gathered {
+            let _ = reply.send(Err(error.clone()));
         }
+        return;
     }
-    let leader = &leader;
-    join_all(gathered.into_iter().map(|forwarding| async move {
+    send_each(peers, leader, timeout, gathered).await;
+}
+
+/// Sends each of `gathered` to `leader` in a `Forward` call of its own.
+async fn send_each(peers: &Peers, leader: &str, timeout: Duration, gathered: Vec<Forwarding>) {
+    let forwarded = &crate::metrics::metrics().forwarded_writes;
+    join_all(gathered.into_iter().map(|(proposal, reply)| async move {
         forwarded.observe(1.0);
         let answer = peers
-            .call(leader, Method::Forward, &forwarding.proposal, timeout)
+            .call(leader, Method::Forward, &proposal, timeout)
             .await;
-        let _ = forwarding.reply.send(answer);
+        let _ = reply.send(answer);
     }))
     .await;
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use tonic::{Request, Response, Status};
@@ -311,7 +300,7 @@ mod tests {
             several_calls: AtomicUsize::new(0),
         });
         let url = serve(leader.clone()).await;
-        let forwarder = Forwarder::start(Peers::new("token", None, None), Duration::from_secs(5));
+        let forwarder = Forwarder::new(Peers::new("token", None, None), Duration::from_secs(5));
         forward_eight(&forwarder, &url).await;
         assert_eq!(leader.several_calls.load(Ordering::SeqCst), 1);
         assert_eq!(leader.forward_calls.load(Ordering::SeqCst), 0);
@@ -328,10 +317,48 @@ mod tests {
             several_calls: AtomicUsize::new(0),
         });
         let url = serve(leader.clone()).await;
-        let forwarder = Forwarder::start(Peers::new("token", None, None), Duration::from_secs(5));
+        let forwarder = Forwarder::new(Peers::new("token", None, None), Duration::from_secs(5));
         forward_eight(&forwarder, &url).await;
         forward_eight(&forwarder, &url).await;
         assert_eq!(leader.several_calls.load(Ordering::SeqCst), 1);
         assert_eq!(leader.forward_calls.load(Ordering::SeqCst), 16);
+    }
+
+    /// A call that hangs on a leader that is gone (its port takes the
+    /// connection and never answers) holds up no proposal for another.
+    #[tokio::test]
+    async fn a_hung_leader_holds_up_no_other() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_url = format!("http://{}", silent.local_addr().unwrap());
+        let leader = Arc::new(Leader {
+            knows_several: true,
+            forward_calls: AtomicUsize::new(0),
+            several_calls: AtomicUsize::new(0),
+        });
+        let url = serve(leader.clone()).await;
+        let forwarder = Arc::new(Forwarder::new(
+            Peers::new("token", None, None),
+            Duration::from_secs(60),
+        ));
+        let hung = {
+            let (forwarder, silent_url) = (forwarder.clone(), silent_url.clone());
+            tokio::spawn(async move {
+                let proposal = Proposal {
+                    origin: 2,
+                    seq: 0,
+                    at_ms: 0,
+                    request: WriteRequest::Put(PutRequest::default()),
+                };
+                forwarder.forward(&silent_url, proposal).await
+            })
+        };
+        // Its call is out once it has connected.
+        let (_connection, _) = silent.accept().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), forward_eight(&forwarder, &url))
+            .await
+            .expect("the other leader's answers while the first hangs");
+        assert!(!hung.is_finished());
+        hung.abort();
+        drop(silent);
     }
 }

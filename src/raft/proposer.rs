@@ -90,7 +90,7 @@ async fn propose(
             },
         };
         let gathered;
-        (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p, |_, _| true);
+        (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p);
         let entries = match gathered.len() > 1 && formats.all_read_several(&raft) {
             true => vec![gathered],
             false => gathered.into_iter().map(|one| vec![one]).collect(),
@@ -100,14 +100,13 @@ async fn propose(
     }
 }
 
-/// `first` and the proposals waiting after it that may go with it
-/// (`joins`), as many as one entry takes, and the one that came next if it
-/// did not go. The forwarder gathers its calls to the leader the same way.
+/// `first` and the proposals waiting after it, as many as one entry takes,
+/// and the one that came next if it did not fit. The forwarder gathers its
+/// calls to the leader the same way.
 pub(super) fn gather<T>(
     first: T,
     waiting: &mut mpsc::UnboundedReceiver<T>,
     proposal: impl Fn(&T) -> &Proposal,
-    joins: impl Fn(&T, &T) -> bool,
 ) -> (Vec<T>, Option<T>) {
     let mut bytes = request_bytes(&proposal(&first).request);
     let mut gathered = vec![first];
@@ -115,7 +114,7 @@ pub(super) fn gather<T>(
         && let Ok(next) = waiting.try_recv()
     {
         bytes += request_bytes(&proposal(&next).request);
-        if bytes > ENTRY_BYTES || !joins(&gathered[0], &next) {
+        if bytes > ENTRY_BYTES {
             return (gathered, Some(next));
         }
         gathered.push(next);
@@ -234,7 +233,7 @@ mod tests {
         let mut left_over = None;
         while let Some(first) = left_over.take().or_else(|| waiting.try_recv().ok()) {
             let gathered;
-            (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p, |_, _| true);
+            (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p);
             entries.push(gathered.iter().map(|(p, _)| value_bytes(p)).collect());
         }
         entries
