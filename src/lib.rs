@@ -59,7 +59,8 @@
 //!   the leader's proposals gathered into entries (`proposer.rs`), a
 //!   follower's sent to the leader together (`forwarder.rs`), the state machine
 //!   (`state_machine.rs`), the peer service (`network.rs` client side,
-//!   `peer.rs` server side).
+//!   `peer.rs` server side, both counting etcd's peer metrics), the
+//!   probes of the other members (`prober.rs`).
 //! - `store` (`src/store/`): etcd's semantics, written once. `mod.rs` is
 //!   `Store`: reads on snapshots, writes as `request.rs`'s `WriteRequest`s
 //!   through `routing.rs` (the replicated log, or the local writer) to

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, status};
+use common::http::scrape_until;
 use common::linearizability::{self, History, Input, Output};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
@@ -96,6 +97,143 @@ async fn members_export_etcds_metrics() {
         "{scrape:?}"
     );
     assert_eq!(scrape.value("etcd_server_proposals_pending", &[]), 0.0);
+}
+
+/// etcd's peer network metrics, labelled with the other members' ids as
+/// etcd writes them: bytes both ways that grow with the writes the leader
+/// replicates, a round trip to every other member, each other member
+/// active; once a member stops, the others count failed sends to it and a
+/// disconnection, and show it inactive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_export_etcds_peer_metrics() {
+    let mut cluster = Cluster::start_direct(3, &[]).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(format!("{:x}", cluster.member_id(i).await));
+    }
+    let others = |i: usize| -> Vec<String> {
+        let mut others: Vec<String> = (0..3).filter(|j| *j != i).map(|j| ids[j].clone()).collect();
+        others.sort();
+        others
+    };
+    // Every member probes the others at once, so each soon has a round trip
+    // to each and sees each active.
+    let mut before = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let (address, what) = (cluster.members[i].addr(), format!("member {i}'s peers"));
+        let scrape = scrape_until(&address, Duration::from_secs(10), &what, |s| {
+            others(i).iter().all(|other| {
+                s.value(
+                    "etcd_network_active_peers",
+                    &[("Local", id), ("Remote", other)],
+                ) == 1.0
+                    && s.value(
+                        "etcd_network_peer_round_trip_time_seconds_count",
+                        &[("To", other)],
+                    ) >= 1.0
+                    // The answers to the probes, at least (a probe itself is
+                    // an empty message).
+                    && s.value("etcd_network_peer_sent_bytes_total", &[("To", other)]) > 0.0
+                    && s.value("etcd_network_peer_received_bytes_total", &[("From", other)])
+                        > 0.0
+            })
+        })
+        .await;
+        for (name, label) in [
+            ("etcd_network_peer_sent_bytes_total", "To"),
+            ("etcd_network_peer_received_bytes_total", "From"),
+            ("etcd_network_peer_round_trip_time_seconds_count", "To"),
+            ("etcd_network_active_peers", "Remote"),
+        ] {
+            assert_eq!(
+                scrape.label_values(name, label),
+                others(i),
+                "member {i}: {name}"
+            );
+        }
+        assert_eq!(
+            scrape.label_values("etcd_network_active_peers", "Local"),
+            vec![id.clone()],
+            "member {i}"
+        );
+        // etcd's buckets: 0.1 ms doubling, the last below +Inf 3.2768 s.
+        let buckets = scrape.label_values("etcd_network_peer_round_trip_time_seconds_bucket", "le");
+        assert_eq!(buckets.len(), 17, "{buckets:?}");
+        assert!(buckets.contains(&"0.0001".to_string()), "{buckets:?}");
+        assert!(buckets.contains(&"3.2768".to_string()), "{buckets:?}");
+        before.push(scrape);
+    }
+
+    // The leader sends each value to every follower: 20 KiB at least.
+    let mut c = client(&cluster.endpoints()).await;
+    for i in 0..20 {
+        c.put(format!("peer-{i}"), vec![b'v'; 1024], None)
+            .await
+            .unwrap();
+    }
+    let mut after = Vec::new();
+    for member in &cluster.members {
+        after.push(common::http::scrape(&member.addr()).await);
+    }
+    let grown = |i: usize, name: &str, label: &str, of: usize| {
+        let labels = [(label, ids[of].as_str())];
+        after[i].value(name, &labels) - before[i].value(name, &labels)
+    };
+    for follower in (0..3).filter(|f| *f != leader) {
+        let sent = grown(leader, "etcd_network_peer_sent_bytes_total", "To", follower);
+        assert!(sent >= 20.0 * 1024.0, "leader to member {follower}: {sent}");
+        let received = grown(
+            follower,
+            "etcd_network_peer_received_bytes_total",
+            "From",
+            leader,
+        );
+        assert!(
+            received >= 20.0 * 1024.0,
+            "member {follower} from the leader: {received}"
+        );
+        // The follower's answers.
+        let answered = grown(follower, "etcd_network_peer_sent_bytes_total", "To", leader);
+        assert!(answered > 0.0, "member {follower} to the leader");
+    }
+
+    // A follower stops: the leader's appends to it and the other
+    // follower's probes (every 4 s) fail.
+    let down = (leader + 1) % 3;
+    cluster.members[down].stop();
+    for i in (0..3).filter(|i| *i != down) {
+        let to = [("To", ids[down].as_str())];
+        let peer = [("Local", ids[i].as_str()), ("Remote", ids[down].as_str())];
+        let failures = before[i].value("etcd_network_peer_sent_failures_total", &to);
+        let disconnected = before[i].value("etcd_network_disconnected_peers_total", &peer);
+        let (address, what) = (
+            cluster.members[i].addr(),
+            format!("member {i}: {down} stopped"),
+        );
+        let scrape = scrape_until(&address, Duration::from_secs(15), &what, |s| {
+            s.value("etcd_network_peer_sent_failures_total", &to) > failures
+                && s.value("etcd_network_disconnected_peers_total", &peer) > disconnected
+                && s.value("etcd_network_active_peers", &peer) == 0.0
+        })
+        .await;
+        // Still labelled, as etcd keeps the series.
+        assert!(
+            scrape
+                .label_values("etcd_network_active_peers", "Remote")
+                .contains(&ids[down]),
+            "member {i}"
+        );
+        let alive = ids[3 - i - down].clone();
+        assert_eq!(
+            scrape.value(
+                "etcd_network_active_peers",
+                &[("Local", &ids[i]), ("Remote", &alive)]
+            ),
+            1.0,
+            "member {i}: the member still up"
+        );
+    }
 }
 
 /// Key-values shown with every field: key, value, create, mod, version, lease.

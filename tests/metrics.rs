@@ -39,15 +39,7 @@ async fn start() -> (Cetera, String) {
 /// Scrapes until `done` holds of a scrape, for at most 10 s: the gauges of a
 /// closed stream drop when the server has seen the stream end.
 async fn scrape_until(address: &str, what: &str, done: impl Fn(&Scrape) -> bool) -> Scrape {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let scrape = scrape(address).await;
-        if done(&scrape) {
-            return scrape;
-        }
-        assert!(Instant::now() < deadline, "never saw {what}: {scrape:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::http::scrape_until(address, Duration::from_secs(10), what, done).await
 }
 
 #[tokio::test]
@@ -403,8 +395,8 @@ async fn plain_logs_to_a_file_have_no_colour_codes() {
 }
 
 /// The quota etcd's alert on database size divides by, the proposal gauges
-/// of etcd's dashboards, and on SQLite the record log's syncs where they
-/// look for its WAL's.
+/// of etcd's dashboards, on SQLite the record log's syncs where they look
+/// for its WAL's, and no peer network series on a single server.
 #[tokio::test]
 async fn quota_and_wal_fsyncs_as_etcd_names_them() {
     let address = format!("127.0.0.1:{}", common::free_port());
@@ -435,6 +427,17 @@ async fn quota_and_wal_fsyncs_as_etcd_names_them() {
     assert_eq!(after.value("etcd_server_proposals_applied_total", &[]), 6.0);
     assert_eq!(after.value("etcd_server_proposals_pending", &[]), 0.0);
     assert_eq!(after.value("etcd_server_proposals_failed_total", &[]), 0.0);
+    // No peers, so none of etcd's peer network series, as a one-member etcd.
+    for (name, label) in [
+        ("etcd_network_peer_sent_bytes_total", "To"),
+        ("etcd_network_peer_received_bytes_total", "From"),
+        ("etcd_network_peer_sent_failures_total", "To"),
+        ("etcd_network_peer_round_trip_time_seconds_count", "To"),
+        ("etcd_network_active_peers", "Remote"),
+        ("etcd_network_disconnected_peers_total", "Remote"),
+    ] {
+        assert!(after.label_values(name, label).is_empty(), "{name}");
+    }
     let syncs = |s: &Scrape| s.value("etcd_disk_wal_fsync_duration_seconds_count", &[]);
     if common::datastore::test_backend() == common::datastore::TestBackend::Sqlite {
         // One sync of the record log per acknowledged put, one at a time.

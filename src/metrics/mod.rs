@@ -12,8 +12,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    exponential_buckets,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, exponential_buckets,
 };
 
 /// Every metric cetera exports.
@@ -85,6 +85,33 @@ pub struct Metrics {
     /// Writes a follower sent to the leader in each call
     /// (cetera_raft_forwarded_writes).
     pub forwarded_writes: Histogram,
+    /// Bytes of the peer messages a cluster member sent, by the member they
+    /// went to (etcd: etcd_network_peer_sent_bytes_total{To}).
+    pub peer_sent_bytes: IntCounterVec,
+    /// Bytes of the peer messages it received, by the member they came from
+    /// (etcd: etcd_network_peer_received_bytes_total{From}).
+    pub peer_received_bytes: IntCounterVec,
+    /// Peer calls that got no answer or a refusal, by the member called
+    /// (etcd: etcd_network_peer_sent_failures_total{To}).
+    pub peer_sent_failures: IntCounterVec,
+    /// Peer messages received that did not decode, by the member they came
+    /// from (etcd: etcd_network_peer_received_failures_total{From}).
+    pub peer_received_failures: IntCounterVec,
+    /// The smoothed round trip of the probes to each member, sampled (etcd:
+    /// etcd_network_peer_round_trip_time_seconds{To}).
+    pub peer_round_trip_seconds: HistogramVec,
+    /// 1 while another member answers this one's calls, 0 once it stops
+    /// (etcd: etcd_network_active_peers{Local,Remote}).
+    pub active_peers: IntGaugeVec,
+    /// Times another member went from active to silent (etcd:
+    /// etcd_network_disconnected_peers_total{Local,Remote}).
+    pub disconnected_peers: IntCounterVec,
+}
+
+/// A member id as etcd writes it in labels (types.ID): lowercase hex without
+/// leading zeros.
+pub fn member_label(id: u64) -> String {
+    format!("{id:x}")
 }
 
 /// The process-wide metrics.
@@ -260,11 +287,69 @@ impl Metrics {
                 .buckets(exponential_buckets(1.0, 2.0, 9).expect("valid buckets")),
             )
             .expect("valid metric"),
+            peer_sent_bytes: IntCounterVec::new(
+                Opts::new(
+                    "etcd_network_peer_sent_bytes_total",
+                    "Bytes of the messages sent to each other cluster member.",
+                ),
+                &["To"],
+            )
+            .expect("valid metric"),
+            peer_received_bytes: IntCounterVec::new(
+                Opts::new(
+                    "etcd_network_peer_received_bytes_total",
+                    "Bytes of the messages received from each other cluster member.",
+                ),
+                &["From"],
+            )
+            .expect("valid metric"),
+            peer_sent_failures: IntCounterVec::new(
+                Opts::new(
+                    "etcd_network_peer_sent_failures_total",
+                    "Messages to another cluster member that failed to get through.",
+                ),
+                &["To"],
+            )
+            .expect("valid metric"),
+            peer_received_failures: IntCounterVec::new(
+                Opts::new(
+                    "etcd_network_peer_received_failures_total",
+                    "Messages from another cluster member that could not be read.",
+                ),
+                &["From"],
+            )
+            .expect("valid metric"),
+            // etcd's buckets: 0.1 ms doubling up to 3.2768 s.
+            peer_round_trip_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "etcd_network_peer_round_trip_time_seconds",
+                    "Smoothed round trip time of the probes to each other cluster member.",
+                )
+                .buckets(exponential_buckets(0.0001, 2.0, 16).expect("valid buckets")),
+                &["To"],
+            )
+            .expect("valid metric"),
+            active_peers: IntGaugeVec::new(
+                Opts::new(
+                    "etcd_network_active_peers",
+                    "Whether each other cluster member currently answers this one (1) or not (0).",
+                ),
+                &["Local", "Remote"],
+            )
+            .expect("valid metric"),
+            disconnected_peers: IntCounterVec::new(
+                Opts::new(
+                    "etcd_network_disconnected_peers_total",
+                    "Times another cluster member stopped answering this one.",
+                ),
+                &["Local", "Remote"],
+            )
+            .expect("valid metric"),
             registry,
         };
         metrics.has_leader.set(1);
         metrics.is_leader.set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 29] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 36] = [
             Box::new(metrics.grpc_started.clone()),
             Box::new(metrics.grpc_handled.clone()),
             Box::new(metrics.grpc_handling_seconds.clone()),
@@ -293,6 +378,13 @@ impl Metrics {
             Box::new(metrics.proposals_pending.clone()),
             Box::new(metrics.proposals_failed.clone()),
             Box::new(metrics.forwarded_writes.clone()),
+            Box::new(metrics.peer_sent_bytes.clone()),
+            Box::new(metrics.peer_received_bytes.clone()),
+            Box::new(metrics.peer_sent_failures.clone()),
+            Box::new(metrics.peer_received_failures.clone()),
+            Box::new(metrics.peer_round_trip_seconds.clone()),
+            Box::new(metrics.active_peers.clone()),
+            Box::new(metrics.disconnected_peers.clone()),
             // process_resident_memory_bytes, process_cpu_seconds_total,
             // process_open_fds...: what etcd's Go client exports and
             // etcd's dashboards and `etcdctl check datascale` read.
@@ -366,6 +458,41 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
+    }
+
+    /// A single server, with no peers, shows none of the peer metrics, as
+    /// etcd's vectors without label values show nothing; a member shows
+    /// them labelled with ids as etcd writes them.
+    #[test]
+    fn peer_metrics_only_with_peers() {
+        let metrics = Metrics::new();
+        let text = metrics.render();
+        for name in [
+            "etcd_network_peer_",
+            "_active_peers",
+            "_disconnected_peers_",
+        ] {
+            assert!(!text.contains(name), "{name} in:\n{text}");
+        }
+        let to = member_label(0x0a1b_2c3d_4e5f_6071);
+        assert_eq!(to, "a1b2c3d4e5f6071");
+        metrics.peer_sent_bytes.with_label_values(&[&to]).inc_by(7);
+        metrics
+            .peer_round_trip_seconds
+            .with_label_values(&[&to])
+            .observe(0.0003);
+        let text = metrics.render();
+        assert!(
+            text.contains("etcd_network_peer_sent_bytes_total{To=\"a1b2c3d4e5f6071\"} 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "etcd_network_peer_round_trip_time_seconds_bucket{To=\"a1b2c3d4e5f6071\",le=\"0.0004\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("etcd_network_active_peers"), "{text}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::log_store::LogStore;
 use super::membership::ask_leader;
 use super::network::{Method, PeerError, Peers};
 use super::peer::{JoinRequest, Joined, PeerService, Refusal};
+use super::prober::probe_members;
 use super::proposal::{Proposal, Waiters};
 use super::proposer::Proposer;
 use super::state_machine::StateMachine;
@@ -280,6 +281,8 @@ impl Cluster {
         )
         .await
         .context("cannot start Raft")?;
+        // The id is final: the peer metrics count from here on.
+        peers.count_as(id, raft.metrics());
         let cluster = Arc::new(Cluster {
             id,
             cluster_id: AtomicU64::new(store.identity().cluster_id),
@@ -308,6 +311,7 @@ impl Cluster {
         ));
         tokio::spawn(campaign_when_leaderless(Arc::downgrade(&cluster)));
         tokio::spawn(monitor_leader(Arc::downgrade(&cluster)));
+        tokio::spawn(probe_members(Arc::downgrade(&cluster)));
         // From here on, no write of this member's own (lease expiry,
         // compaction) may bypass the log, even while it is still joining.
         store.replicate_through(cluster.clone());

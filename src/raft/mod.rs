@@ -24,6 +24,7 @@ mod member;
 mod membership;
 mod network;
 mod peer;
+mod prober;
 mod proposal;
 mod proposer;
 mod state_machine;

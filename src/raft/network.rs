@@ -1,12 +1,15 @@
 //! The client side of the peer service: how this member reaches the others,
 //! for openraft (append, vote, snapshot chunks) and for cetera's own calls
 //! (forwarded writes, read index, join). Every call carries the cluster
-//! token; payloads are postcard-encoded.
+//! token; payloads are postcard-encoded. Once this member knows its id
+//! (`Peers::count_as`), calls carry it too, and each call to a member is
+//! counted in etcd's peer metrics under that member's id.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use openraft::RaftMetrics;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -17,14 +20,20 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::{Member, TypeConfig};
+use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_client::PeerClient;
 
 /// Metadata key of the cluster token.
 pub const TOKEN_HEADER: &str = "cetera-token";
+
+/// Metadata key of the calling member's id, as etcd writes ids: the peer
+/// metrics the callee keeps are labelled with it (etcd's X-Server-From).
+pub const MEMBER_HEADER: &str = "cetera-member";
 
 /// A failed peer call.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -75,6 +84,52 @@ pub struct Peers {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// When each peer last answered a call, by peer URL.
     answered: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Set once this member's id is final: until then (a joining member
+    /// asking for its id) calls are not counted.
+    counting: Arc<OnceLock<Counting>>,
+}
+
+/// What the peer metrics need beyond a peer's URL.
+struct Counting {
+    /// This member's id, as a label.
+    local: String,
+    /// Raft's view, whose membership maps peer URLs to member ids.
+    raft: watch::Receiver<RaftMetrics<u64, Member>>,
+    /// Whether each member answered this one's latest call (etcd's
+    /// peerStatus): a member never answered has no active_peers series.
+    active: Mutex<HashMap<u64, bool>>,
+}
+
+impl Counting {
+    /// The id of the member at `url`, if it is one.
+    fn member_at(&self, url: &str) -> Option<u64> {
+        let raft = self.raft.borrow();
+        raft.membership_config
+            .membership()
+            .nodes()
+            .find(|(_, member)| member.peer_url == url)
+            .map(|(id, _)| *id)
+    }
+
+    /// Notes whether member `id` answered: active_peers follows, and a
+    /// member that stops answering counts as disconnected once.
+    fn mark(&self, id: u64, answered: bool) {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let was = active.insert(id, answered).unwrap_or(false);
+        if was == answered {
+            return;
+        }
+        let remote = member_label(id);
+        let labels = [self.local.as_str(), remote.as_str()];
+        let metrics = metrics();
+        metrics
+            .active_peers
+            .with_label_values(&labels)
+            .set(answered as i64);
+        if !answered {
+            metrics.disconnected_peers.with_label_values(&labels).inc();
+        }
+    }
 }
 
 impl Peers {
@@ -90,7 +145,25 @@ impl Peers {
             source,
             channels: Arc::default(),
             answered: Arc::default(),
+            counting: Arc::default(),
         }
+    }
+
+    /// From now on, sends `local` as this member's id with every call and
+    /// counts the calls to the members of `raft`'s membership in the peer
+    /// metrics. Takes effect once.
+    pub fn count_as(&self, local: u64, raft: watch::Receiver<RaftMetrics<u64, Member>>) {
+        let _ = self.counting.set(Counting {
+            local: member_label(local),
+            raft,
+            active: Mutex::default(),
+        });
+    }
+
+    /// The id of the member at `url`, when calls are counted and it is one.
+    fn counted(&self, url: &str) -> Option<(&Counting, u64)> {
+        let counting = self.counting.get()?;
+        Some((counting, counting.member_at(url)?))
     }
 
     fn channel(&self, url: &str) -> Result<Channel, PeerError> {
@@ -143,6 +216,10 @@ impl Peers {
         if let Ok(token) = self.token.parse() {
             request.metadata_mut().insert(TOKEN_HEADER, token);
         }
+        if let Some(local) = self.counting.get().and_then(|c| c.local.parse().ok()) {
+            request.metadata_mut().insert(MEMBER_HEADER, local);
+        }
+        let sent = request.get_ref().data.len();
         let answer = match method {
             Method::AppendEntries => client.append_entries(request).await,
             Method::Vote => client.vote(request).await,
@@ -159,7 +236,7 @@ impl Peers {
             Method::Lease => client.lease(request).await,
             Method::EntryFormat => client.entry_format(request).await,
         };
-        let payload = answer.map_err(|status| {
+        let answer = answer.map_err(|status| {
             let (url, message) = (url.to_string(), status.message().to_string());
             match status.code() {
                 tonic::Code::Unavailable => PeerError::Unreachable { url, message },
@@ -168,15 +245,101 @@ impl Peers {
                 }
                 _ => PeerError::Refused { url, status },
             }
-        })?;
+        });
+        let counted = self.counted(url);
+        if let Some((counting, id)) = counted {
+            count_call(counting, id, sent, &answer);
+        }
+        let payload = answer?;
         self.answered
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(url.to_string(), Instant::now());
-        postcard::from_bytes(&payload.get_ref().data).map_err(|e| PeerError::Garbled {
+        let data = &payload.get_ref().data;
+        let answer = postcard::from_bytes(data);
+        if let Some((_, id)) = counted {
+            count_received(&member_label(id), data.len(), answer.is_ok());
+        }
+        answer.map_err(|e| PeerError::Garbled {
             url: url.to_string(),
             message: e.to_string(),
         })
+    }
+
+    /// Asks the member at `url` for the cheapest answer the peer service
+    /// gives (its entry format: neither Raft nor the store is involved),
+    /// as etcd's prober does, and returns how long the answer took. A probe
+    /// that times out, unlike other calls, makes the member inactive: its
+    /// timeout is as long as etcd waits on a silent connection.
+    pub async fn probe(&self, url: &str) -> Result<Duration, PeerError> {
+        let started = Instant::now();
+        let answer: Result<u32, PeerError> = self
+            .call(url, Method::EntryFormat, &(), PROBE_TIMEOUT)
+            .await;
+        match answer {
+            Ok(_) => Ok(started.elapsed()),
+            Err(error) => {
+                if let (PeerError::TimedOut { .. }, Some((counting, id))) =
+                    (&error, self.counted(url))
+                {
+                    counting.mark(id, false);
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// How long a probe waits for its answer: etcd's ConnReadTimeout, after
+/// which it gives up on a silent peer connection.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Counts one call to member `id` of `sent` bytes in the peer metrics: its
+/// bytes once answered, else a failure. Any answer makes the member active;
+/// a call that could not reach it or that it refused makes it inactive, as
+/// etcd's failed sends do. A timeout alone does not, since Raft's appends
+/// have timeouts of a heartbeat interval that a member busy syncing its log
+/// can miss (see `probe`).
+fn count_call(
+    counting: &Counting,
+    id: u64,
+    sent: usize,
+    answer: &Result<tonic::Response<Payload>, PeerError>,
+) {
+    let to = member_label(id);
+    match answer {
+        Ok(_) => {
+            metrics()
+                .peer_sent_bytes
+                .with_label_values(&[&to])
+                .inc_by(sent as u64);
+            counting.mark(id, true);
+        }
+        Err(error) => {
+            metrics().peer_sent_failures.with_label_values(&[&to]).inc();
+            if !matches!(error, PeerError::TimedOut { .. }) {
+                counting.mark(id, false);
+            }
+        }
+    }
+}
+
+/// Counts a message of `bytes` from the member labelled `from` (a call it
+/// made, or its answer to one of this member's): as received if it `read`
+/// (decoded), else as a receive failure, as etcd counts the bytes of the
+/// messages it could unmarshal.
+pub(super) fn count_received(from: &str, bytes: usize, read: bool) {
+    let metrics = metrics();
+    if read {
+        metrics
+            .peer_received_bytes
+            .with_label_values(&[from])
+            .inc_by(bytes as u64);
+    } else {
+        metrics
+            .peer_received_failures
+            .with_label_values(&[from])
+            .inc();
     }
 }
 

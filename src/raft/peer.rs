@@ -2,7 +2,8 @@
 //! local Raft member, and serves cetera's own calls (a follower's forwarded
 //! write, read index, lease calls, joins and membership changes, a
 //! handover). Calls
-//! without the cluster token are refused.
+//! without the cluster token are refused. Messages from a member that names
+//! itself (`MEMBER_HEADER`) are counted in etcd's peer metrics, both ways.
 
 use std::sync::Arc;
 
@@ -15,9 +16,10 @@ use tonic::{Request, Response, Status};
 use super::cluster::Cluster;
 use super::election::PreVote;
 use super::membership::{MembershipChange, MembershipError};
-use super::network::TOKEN_HEADER;
+use super::network::{MEMBER_HEADER, TOKEN_HEADER, count_received};
 use super::proposal::{ENTRY_FORMAT, Proposal};
 use super::{Member, TypeConfig};
+use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_server::Peer;
 use crate::store::LeaseCall;
@@ -65,7 +67,12 @@ impl PeerService {
         PeerService { cluster }
     }
 
-    fn open<T: DeserializeOwned>(&self, request: Request<Payload>) -> Result<T, Status> {
+    /// The message of `request`, and the member that sent it, as a label,
+    /// when it is one and says so.
+    fn open<T: DeserializeOwned>(
+        &self,
+        request: Request<Payload>,
+    ) -> Result<(T, Option<String>), Status> {
         let token = request
             .metadata()
             .get(TOKEN_HEADER)
@@ -75,20 +82,46 @@ impl PeerService {
                 "cetera: the peer did not present this cluster's token",
             ));
         }
-        postcard::from_bytes(&request.get_ref().data)
-            .map_err(|e| Status::invalid_argument(format!("cetera: unreadable peer message: {e}")))
+        let from = self.sender(&request).map(member_label);
+        let data = &request.get_ref().data;
+        let message = postcard::from_bytes(data);
+        if let Some(from) = &from {
+            count_received(from, data.len(), message.is_ok());
+        }
+        let message = message.map_err(|e| {
+            Status::invalid_argument(format!("cetera: unreadable peer message: {e}"))
+        })?;
+        Ok((message, from))
+    }
+
+    /// The id the caller gives, if it is another member's: labels come
+    /// only from the membership, whatever a caller sends.
+    fn sender(&self, request: &Request<Payload>) -> Option<u64> {
+        let id = request.metadata().get(MEMBER_HEADER)?.to_str().ok()?;
+        let id = u64::from_str_radix(id, 16).ok()?;
+        let raft = self.cluster.metrics().borrow();
+        let member = raft.membership_config.membership().get_node(&id).is_some();
+        (member && id != self.cluster.id()).then_some(id)
     }
 }
 
-fn answer<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
+/// The answer `value` to the member `to` (a label), counted as sent to it.
+fn answer<T: Serialize>(to: Option<String>, value: &T) -> Result<Response<Payload>, Status> {
     let data = postcard::to_stdvec(value).map_err(|e| Status::internal(e.to_string()))?;
+    if let Some(to) = to {
+        metrics()
+            .peer_sent_bytes
+            .with_label_values(&[&to])
+            .inc_by(data.len() as u64);
+    }
     Ok(Response::new(Payload { data }))
 }
 
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn append_entries(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: openraft::raft::AppendEntriesRequest<TypeConfig> = self.open(request)?;
+        let (rpc, from): (openraft::raft::AppendEntriesRequest<TypeConfig>, _) =
+            self.open(request)?;
         let result = self.cluster.raft().append_entries(rpc).await;
         // Any answer but a higher vote takes the sender as this term's leader.
         if result
@@ -97,19 +130,20 @@ impl Peer for PeerService {
         {
             self.cluster.heard_from_leader();
         }
-        answer(&result)
+        answer(from, &result)
     }
 
     async fn vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: openraft::raft::VoteRequest<u64> = self.open(request)?;
-        answer(&self.cluster.raft().vote(rpc).await)
+        let (rpc, from): (openraft::raft::VoteRequest<u64>, _) = self.open(request)?;
+        answer(from, &self.cluster.raft().vote(rpc).await)
     }
 
     async fn install_snapshot(
         &self,
         request: Request<Payload>,
     ) -> Result<Response<Payload>, Status> {
-        let rpc: openraft::raft::InstallSnapshotRequest<TypeConfig> = self.open(request)?;
+        let (rpc, from): (openraft::raft::InstallSnapshotRequest<TypeConfig>, _) =
+            self.open(request)?;
         let result = self.cluster.raft().install_snapshot(rpc).await;
         if result
             .as_ref()
@@ -117,67 +151,67 @@ impl Peer for PeerService {
         {
             self.cluster.heard_from_leader();
         }
-        answer(&result)
+        answer(from, &result)
     }
 
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let proposal: Proposal = self.open(request)?;
-        answer(&self.cluster.lead_write(proposal).await)
+        let (proposal, from): (Proposal, _) = self.open(request)?;
+        answer(from, &self.cluster.lead_write(proposal).await)
     }
 
     async fn forward_several(
         &self,
         request: Request<Payload>,
     ) -> Result<Response<Payload>, Status> {
-        let proposals: Vec<Proposal> = self.open(request)?;
+        let (proposals, from): (Vec<Proposal>, _) = self.open(request)?;
         // Proposed together, they gather into the leader's next entry.
         let writes = proposals.into_iter().map(|p| self.cluster.lead_write(p));
-        answer(&join_all(writes).await)
+        answer(from, &join_all(writes).await)
     }
 
     async fn read_index(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let (): () = self.open(request)?;
-        answer(&self.cluster.lead_read_index().await)
+        let ((), from): ((), _) = self.open(request)?;
+        answer(from, &self.cluster.lead_read_index().await)
     }
 
     async fn join(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let join: JoinRequest = self.open(request)?;
-        answer(&self.cluster.lead_join(join).await)
+        let (join, from): (JoinRequest, _) = self.open(request)?;
+        answer(from, &self.cluster.lead_join(join).await)
     }
 
     async fn change_members(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let change: MembershipChange = self.open(request)?;
-        answer(&self.cluster.lead_membership_change(&change).await)
+        let (change, from): (MembershipChange, _) = self.open(request)?;
+        answer(from, &self.cluster.lead_membership_change(&change).await)
     }
 
     async fn reserved(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let peer_url: String = self.open(request)?;
-        answer(&self.cluster.lead_reserved(&peer_url))
+        let (peer_url, from): (String, _) = self.open(request)?;
+        answer(from, &self.cluster.lead_reserved(&peer_url))
     }
 
     async fn campaign(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let (): () = self.open(request)?;
-        answer(&self.cluster.campaign().await)
+        let ((), from): ((), _) = self.open(request)?;
+        answer(from, &self.cluster.campaign().await)
     }
 
     async fn pre_vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let pre_vote: PreVote = self.open(request)?;
-        answer(&self.cluster.answer_pre_vote(pre_vote).await)
+        let (pre_vote, from): (PreVote, _) = self.open(request)?;
+        answer(from, &self.cluster.answer_pre_vote(pre_vote).await)
     }
 
     async fn handing_over(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let leader: u64 = self.open(request)?;
+        let (leader, from): (u64, _) = self.open(request)?;
         self.cluster.hear_handover(leader);
-        answer(&())
+        answer(from, &())
     }
 
     async fn lease(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let call: LeaseCall = self.open(request)?;
-        answer(&self.cluster.lead_lease_call(call).await)
+        let (call, from): (LeaseCall, _) = self.open(request)?;
+        answer(from, &self.cluster.lead_lease_call(call).await)
     }
 
     async fn entry_format(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let (): () = self.open(request)?;
-        answer(&ENTRY_FORMAT)
+        let ((), from): ((), _) = self.open(request)?;
+        answer(from, &ENTRY_FORMAT)
     }
 }

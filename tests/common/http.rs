@@ -2,6 +2,7 @@
 //! and /metrics scrapes parsed.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -72,6 +73,19 @@ impl Scrape {
             .sum()
     }
 
+    /// The values of label `label` among the series called `name`, sorted.
+    pub fn label_values(&self, name: &str, label: &str) -> Vec<String> {
+        let mut values: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .filter_map(|(_, l, _)| l.get(label).cloned())
+            .collect();
+        values.sort();
+        values.dedup();
+        values
+    }
+
     /// `grpc_server_handled_total` of `method` with `code`.
     pub fn handled(&self, method: &str, code: &str) -> f64 {
         self.value(
@@ -86,4 +100,23 @@ pub async fn scrape(address: &str) -> Scrape {
     let (status, body) = get(address, "/metrics").await.expect("scrape /metrics");
     assert_eq!(status, 200, "{body}");
     Scrape::parse(&body)
+}
+
+/// Scrapes `address` until `done` holds of a scrape, for at most `within`:
+/// gauges and counters that follow events the test only caused.
+pub async fn scrape_until(
+    address: &str,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&Scrape) -> bool,
+) -> Scrape {
+    let deadline = Instant::now() + within;
+    loop {
+        let scrape = scrape(address).await;
+        if done(&scrape) {
+            return scrape;
+        }
+        assert!(Instant::now() < deadline, "never saw {what}: {scrape:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
