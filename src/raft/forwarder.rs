@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::network::{Method, PeerError, Peers};
 use super::peer::Refusal;
 use super::proposal::Proposal;
-use super::proposer::gather;
+use super::proposer::Gathering;
 
 /// How long a leader that did not know `ForwardSeveral` goes before it is
 /// asked again (it may have been upgraded meanwhile).
@@ -86,21 +86,12 @@ async fn forward_all(
     peers: Peers,
     leader: String,
     timeout: Duration,
-    mut waiting: mpsc::UnboundedReceiver<Forwarding>,
+    waiting: mpsc::UnboundedReceiver<Forwarding>,
 ) {
     // When the leader last answered `ForwardSeveral` with Unimplemented.
     let mut older: Option<Instant> = None;
-    let mut left_over = None;
-    loop {
-        let first = match left_over.take() {
-            Some(first) => first,
-            None => match waiting.recv().await {
-                Some(first) => first,
-                None => return,
-            },
-        };
-        let gathered;
-        (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p);
+    let mut gathering = Gathering::new(waiting);
+    while let Some(gathered) = gathering.next().await {
         // Until the leader answers, the next proposals gather.
         send(&peers, &leader, timeout, &mut older, gathered).await;
     }
@@ -187,6 +178,16 @@ mod tests {
         knows_several: bool,
         forward_calls: AtomicUsize,
         several_calls: AtomicUsize,
+    }
+
+    impl Leader {
+        fn new(knows_several: bool) -> Arc<Leader> {
+            Arc::new(Leader {
+                knows_several,
+                forward_calls: AtomicUsize::new(0),
+                several_calls: AtomicUsize::new(0),
+            })
+        }
     }
 
     fn outcome(proposal: &Proposal) -> Result<(), Refusal> {
@@ -294,11 +295,7 @@ mod tests {
 
     #[tokio::test]
     async fn proposals_at_once_go_in_one_call_each_with_its_answer() {
-        let leader = Arc::new(Leader {
-            knows_several: true,
-            forward_calls: AtomicUsize::new(0),
-            several_calls: AtomicUsize::new(0),
-        });
+        let leader = Leader::new(true);
         let url = serve(leader.clone()).await;
         let forwarder = Forwarder::new(Peers::new("token", None, None), Duration::from_secs(5));
         forward_eight(&forwarder, &url).await;
@@ -311,11 +308,7 @@ mod tests {
     /// leader is not asked again for a while.
     #[tokio::test]
     async fn an_older_leader_gets_a_call_per_proposal() {
-        let leader = Arc::new(Leader {
-            knows_several: false,
-            forward_calls: AtomicUsize::new(0),
-            several_calls: AtomicUsize::new(0),
-        });
+        let leader = Leader::new(false);
         let url = serve(leader.clone()).await;
         let forwarder = Forwarder::new(Peers::new("token", None, None), Duration::from_secs(5));
         forward_eight(&forwarder, &url).await;
@@ -330,11 +323,7 @@ mod tests {
     async fn a_hung_leader_holds_up_no_other() {
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let silent_url = format!("http://{}", silent.local_addr().unwrap());
-        let leader = Arc::new(Leader {
-            knows_several: true,
-            forward_calls: AtomicUsize::new(0),
-            several_calls: AtomicUsize::new(0),
-        });
+        let leader = Leader::new(true);
         let url = serve(leader.clone()).await;
         let forwarder = Arc::new(Forwarder::new(
             Peers::new("token", None, None),

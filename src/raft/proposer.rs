@@ -76,21 +76,11 @@ impl Proposer {
 /// Runs until every `Proposer` handle is gone.
 async fn propose(
     raft: Raft,
-    mut waiting: mpsc::UnboundedReceiver<Waiting>,
+    waiting: mpsc::UnboundedReceiver<Waiting>,
     formats: Arc<EntryFormats>,
 ) {
-    // A proposal that did not fit in the last entry starts the next.
-    let mut left_over = None;
-    loop {
-        let first = match left_over.take() {
-            Some(first) => first,
-            None => match waiting.recv().await {
-                Some(first) => first,
-                None => return,
-            },
-        };
-        let gathered;
-        (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p);
+    let mut gathering = Gathering::new(waiting);
+    while let Some(gathered) = gathering.next().await {
         let entries = match gathered.len() > 1 && formats.all_read_several(&raft) {
             true => vec![gathered],
             false => gathered.into_iter().map(|one| vec![one]).collect(),
@@ -100,26 +90,45 @@ async fn propose(
     }
 }
 
-/// `first` and the proposals waiting after it, as many as one entry takes,
-/// and the one that came next if it did not fit. The forwarder gathers its
-/// calls to the leader the same way.
-pub(super) fn gather<T>(
-    first: T,
-    waiting: &mut mpsc::UnboundedReceiver<T>,
-    proposal: impl Fn(&T) -> &Proposal,
-) -> (Vec<T>, Option<T>) {
-    let mut bytes = request_bytes(&proposal(&first).request);
-    let mut gathered = vec![first];
-    while gathered.len() < MOST_PER_ENTRY
-        && let Ok(next) = waiting.try_recv()
-    {
-        bytes += request_bytes(&proposal(&next).request);
-        if bytes > ENTRY_BYTES {
-            return (gathered, Some(next));
+/// Proposals (each with where its outcome goes) taken from a queue as many
+/// at a time as one entry takes. The forwarder gathers its calls to the
+/// leader the same way.
+pub(super) struct Gathering<R> {
+    waiting: mpsc::UnboundedReceiver<(Proposal, R)>,
+    /// A proposal that did not fit in the last gathering starts the next.
+    left_over: Option<(Proposal, R)>,
+}
+
+impl<R> Gathering<R> {
+    pub(super) fn new(waiting: mpsc::UnboundedReceiver<(Proposal, R)>) -> Self {
+        Gathering {
+            waiting,
+            left_over: None,
         }
-        gathered.push(next);
     }
-    (gathered, None)
+
+    /// The next proposal (waiting for one if none is there) and those
+    /// already waiting after it, up to an entry's count and size; None
+    /// once every sender is gone and nothing is left.
+    pub(super) async fn next(&mut self) -> Option<Vec<(Proposal, R)>> {
+        let first = match self.left_over.take() {
+            Some(first) => first,
+            None => self.waiting.recv().await?,
+        };
+        let mut bytes = request_bytes(&first.0.request);
+        let mut gathered = vec![first];
+        while gathered.len() < MOST_PER_ENTRY
+            && let Ok(next) = self.waiting.try_recv()
+        {
+            bytes += request_bytes(&next.0.request);
+            if bytes > ENTRY_BYTES {
+                self.left_over = Some(next);
+                break;
+            }
+            gathered.push(next);
+        }
+        Some(gathered)
+    }
 }
 
 /// About the size of `request` in an entry: its etcd message's.
@@ -224,16 +233,15 @@ mod tests {
     }
 
     /// Entries, each as its proposals' value sizes, of what is waiting.
-    fn entries(sizes: &[usize]) -> Vec<Vec<usize>> {
-        let (send, mut waiting) = mpsc::unbounded_channel();
+    async fn entries(sizes: &[usize]) -> Vec<Vec<usize>> {
+        let (send, waiting) = mpsc::unbounded_channel();
         for size in sizes {
             send.send(put_of(*size)).unwrap();
         }
+        drop(send);
+        let mut gathering = Gathering::new(waiting);
         let mut entries = Vec::new();
-        let mut left_over = None;
-        while let Some(first) = left_over.take().or_else(|| waiting.try_recv().ok()) {
-            let gathered;
-            (gathered, left_over) = gather(first, &mut waiting, |(p, _)| p);
+        while let Some(gathered) = gathering.next().await {
             entries.push(gathered.iter().map(|(p, _)| value_bytes(p)).collect());
         }
         entries
@@ -246,15 +254,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn entries_take_what_waits_up_to_their_count_and_size() {
+    #[tokio::test]
+    async fn entries_take_what_waits_up_to_their_count_and_size() {
         let small = vec![100; MOST_PER_ENTRY + 10];
-        let sizes: Vec<usize> = entries(&small).iter().map(Vec::len).collect();
+        let sizes: Vec<usize> = entries(&small).await.iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![MOST_PER_ENTRY, 10]);
 
         let mib = 1 << 20;
         assert_eq!(
-            entries(&[100, mib, mib, 100, 2 * mib, 100]),
+            entries(&[100, mib, mib, 100, 2 * mib, 100]).await,
             vec![vec![100, mib], vec![mib, 100], vec![2 * mib], vec![100]],
         );
     }
