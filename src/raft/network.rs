@@ -299,7 +299,9 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// a call that could not reach it or that it refused makes it inactive, as
 /// etcd's failed sends do. A timeout alone does not, since Raft's appends
 /// have timeouts of a heartbeat interval that a member busy syncing its log
-/// can miss (see `probe`).
+/// can miss (see `probe`). A call the member does not know (an older cetera
+/// answers `Unimplemented`, as to `ForwardSeveral`) is neither: the member
+/// answered, so it is active, but nothing was delivered.
 fn count_call(
     counting: &Counting,
     id: u64,
@@ -308,6 +310,9 @@ fn count_call(
 ) {
     let to = member_label(id);
     match answer {
+        Err(PeerError::Refused { status, .. }) if status.code() == tonic::Code::Unimplemented => {
+            counting.mark(id, true);
+        }
         Ok(_) => {
             metrics()
                 .peer_sent_bytes
@@ -446,5 +451,56 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<VoteResponse<u64>, RPCError<u64, Member, RaftError<u64>>> {
         self.raft_call(Method::Vote, &rpc, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a call's outcome does to the member's peer metrics: an answer
+    /// makes it active, a refusal inactive (a disconnection, a failure), and
+    /// `Unimplemented` (an older cetera that does not know the call, as
+    /// `ForwardSeveral`) counts as an answer, not as a failure.
+    #[test]
+    fn an_unknown_call_is_an_answer_and_a_refusal_a_failure() {
+        let (local, remote) = (0xc0ffee_u64, 0xbeef_u64);
+        let (_, raft) = watch::channel(RaftMetrics::new_initial(local));
+        let counting = Counting {
+            local: member_label(local),
+            raft,
+            active: Mutex::default(),
+        };
+        let labels = [member_label(local), member_label(remote)];
+        let labels = [labels[0].as_str(), labels[1].as_str()];
+        let to = [labels[1]];
+        let refused = |status: tonic::Status| {
+            Err(PeerError::Refused {
+                url: "http://127.0.0.1:1".to_string(),
+                status,
+            })
+        };
+        let metrics = metrics();
+        let active = || metrics.active_peers.with_label_values(&labels).get();
+        let failures = || metrics.peer_sent_failures.with_label_values(&to).get();
+        let disconnected = || metrics.disconnected_peers.with_label_values(&labels).get();
+
+        count_call(
+            &counting,
+            remote,
+            7,
+            &Ok(tonic::Response::new(Payload::default())),
+        );
+        assert_eq!((active(), failures(), disconnected()), (1, 0, 0));
+        assert_eq!(metrics.peer_sent_bytes.with_label_values(&to).get(), 7);
+
+        let unknown = refused(tonic::Status::unimplemented("unknown method"));
+        count_call(&counting, remote, 7, &unknown);
+        assert_eq!((active(), failures(), disconnected()), (1, 0, 0));
+
+        let wrong_token = refused(tonic::Status::unauthenticated("token"));
+        count_call(&counting, remote, 7, &wrong_token);
+        assert_eq!((active(), failures(), disconnected()), (0, 1, 1));
+        assert_eq!(metrics.peer_sent_bytes.with_label_values(&to).get(), 7);
     }
 }
