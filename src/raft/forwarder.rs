@@ -109,11 +109,18 @@ async fn send(
     let forwarded = &crate::metrics::metrics().forwarded_writes;
     let known_older = older.is_some_and(|at| at.elapsed() < ASK_AGAIN_AFTER);
     if gathered.len() > 1 && !known_older {
-        forwarded.observe(gathered.len() as f64);
         let proposals: Vec<&Proposal> = gathered.iter().map(|(p, _)| p).collect();
         let answer: Result<Vec<Result<(), Refusal>>, PeerError> = peers
             .call(leader, Method::ForwardSeveral, &proposals, timeout)
             .await;
+        // An older leader: nothing was delivered, so each goes on its own.
+        if let Err(PeerError::Refused { status, .. }) = &answer
+            && status.code() == tonic::Code::Unimplemented
+        {
+            *older = Some(Instant::now());
+            return send_each(peers, leader, timeout, gathered).await;
+        }
+        forwarded.observe(gathered.len() as f64);
         let error = match answer {
             Ok(answers) if answers.len() == gathered.len() => {
                 for ((_, reply), answer) in gathered.into_iter().zip(answers) {
@@ -129,13 +136,6 @@ async fn send(
                     gathered.len()
                 ),
             },
-            // An older leader: nothing was delivered, so each goes on its own.
-            Err(PeerError::Refused { status, .. })
-                if status.code() == tonic::Code::Unimplemented =>
-            {
-                *older = Some(Instant::now());
-                return send_each(peers, leader, timeout, gathered).await;
-            }
             Err(error) => error,
         };
         for (_, reply) in gathered {
