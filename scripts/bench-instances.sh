@@ -14,8 +14,19 @@
 # revision row (`meta`), so that average is how many writers queue on it. And
 # the requests per commit (the mean batch, from each instance's /metrics).
 #
+# With --db-delay D (e.g. 500us) the instances reach the database through
+# cetera-bench's proxy, which adds D each way: a database across a network hop,
+# as a managed one is, where round trips and lock holds cost more than CPU.
+#
+# With --instance-cpus C each instance runs in a cgroup of its own held to C
+# CPUs (the cpu controller's quota): instances as k3s runs them, one per
+# server, where one more instance brings CPU of its own instead of sharing
+# this machine's with the others, the database and the load generator. Needs
+# root and the cgroup v1 cpu controller (/sys/fs/cgroup/cpu) or cgroup v2.
+#
 # Usage: scripts/bench-instances.sh [--backend postgres|mysql] [--counts 1,2,4]
-#                                   [--duration 10s] [--clients 64] [--out DIR]
+#                                   [--duration 10s] [--clients 64] [--db-delay D]
+#                                   [--instance-cpus C] [--out DIR]
 # Env: BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432),
 #      BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306), CETERA_BIN (the
 #      cetera binary; default: this checkout's release build).
@@ -27,6 +38,8 @@ BACKEND=postgres
 COUNTS=1,2,4
 DURATION=10s
 CLIENTS=64
+DB_DELAY=""
+INSTANCE_CPUS=""
 OUT=""
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -34,6 +47,8 @@ while [[ $# -gt 0 ]]; do
         --counts) COUNTS=$2; shift ;;
         --duration) DURATION=$2; shift ;;
         --clients) CLIENTS=$2; shift ;;
+        --db-delay) DB_DELAY=$2; shift ;;
+        --instance-cpus) INSTANCE_CPUS=$2; shift ;;
         --out) OUT=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -71,16 +86,57 @@ CETERA=${CETERA_BIN:-$ROOT/target/release/cetera}
 BENCH=$ROOT/target/release/cetera-bench
 
 PIDS=()
+CGROUPS=()
 stop_all() {
     for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for dir in "${CGROUPS[@]}"; do rmdir "$dir" 2>/dev/null || true; done
     PIDS=()
+    CGROUPS=()
 }
-trap 'stop_all; sql "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true' EXIT
+# hold_cpus PID NAME: PID (all its threads, and those it starts) in a cgroup
+# NAME of its own, held to $INSTANCE_CPUS CPUs.
+hold_cpus() {
+    local quota dir
+    quota=$(awk -v c="$INSTANCE_CPUS" 'BEGIN { printf "%d", c * 100000 }')
+    if [[ -w /sys/fs/cgroup/cpu ]]; then
+        dir=/sys/fs/cgroup/cpu/$2
+        mkdir "$dir"
+        echo 100000 >"$dir/cpu.cfs_period_us"
+        echo "$quota" >"$dir/cpu.cfs_quota_us"
+    elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+        echo +cpu >/sys/fs/cgroup/cgroup.subtree_control
+        dir=/sys/fs/cgroup/$2
+        mkdir "$dir"
+        echo "$quota 100000" >"$dir/cpu.max"
+    else
+        echo "--instance-cpus: no writable cgroup cpu controller (root, cgroup v1 or v2)" >&2
+        exit 2
+    fi
+    CGROUPS+=("$dir")
+    echo "$1" >"$dir/cgroup.procs"
+}
+PROXY_PID=""
+trap 'stop_all; [[ -n $PROXY_PID ]] && kill "$PROXY_PID" 2>/dev/null; sql "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true' EXIT
 
 free_port() {
     python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
 }
+# With --db-delay, the instances' endpoint names the delaying proxy instead of
+# the server (the script's own statements go straight to the server).
+if [[ -n $DB_DELAY ]]; then
+    server_url=$([[ $BACKEND == postgres ]] && echo "$PG_URL" || echo "$MYSQL_URL")
+    [[ $server_url =~ ^([a-z]+://)([^@/]*@)?([^:/]+)(:([0-9]+))?/?$ ]] ||
+        { echo "--db-delay: cannot read the server's address from $server_url" >&2; exit 2; }
+    proxy_port=$(free_port)
+    "$BENCH" proxy --listen "127.0.0.1:$proxy_port" \
+        --to "$(getent ahostsv4 "${BASH_REMATCH[3]}" | awk 'NR==1{print $1}'):${BASH_REMATCH[5]:-$([[ $BACKEND == postgres ]] && echo 5432 || echo 3306)}" \
+        --delay "$DB_DELAY" >/dev/null 2>&1 &
+    PROXY_PID=$!
+    ENDPOINT=${ENDPOINT/"$server_url"/"${BASH_REMATCH[1]}${BASH_REMATCH[2]}127.0.0.1:$proxy_port"}
+    log "the instances reach the database through a proxy adding $DB_DELAY each way"
+fi
+
 # requests_and_commits URLS...: the writers' batched requests and commits so
 # far, summed over the instances (from /metrics).
 requests_and_commits() {
@@ -140,7 +196,7 @@ EOF
 : >"$OUT/results.jsonl"
 IFS=, read -ra counts <<<"$COUNTS"
 for count in "${counts[@]}"; do
-    log "$count instance(s) on one $BACKEND database"
+    log "$count instance(s) on one $BACKEND database${INSTANCE_CPUS:+, each held to $INSTANCE_CPUS CPUs}"
     sql "DROP DATABASE IF EXISTS $DB" >/dev/null
     urls=()
     for i in $(seq 1 "$count"); do
@@ -148,6 +204,7 @@ for count in "${counts[@]}"; do
         RUST_LOG=warn "$CETERA" --listen-address "127.0.0.1:$port" --endpoint "$ENDPOINT" \
             >"$OUT/cetera-$count-$i.log" 2>&1 &
         PIDS+=($!)
+        [[ -n $INSTANCE_CPUS ]] && hold_cpus "$!" "cetera-instance-$$-$i"
         urls+=("http://127.0.0.1:$port")
         # One at a time: the first creates the database and its tables.
         "$BENCH" --endpoints "${urls[-1]}" wait --timeout 30s
