@@ -90,7 +90,8 @@
 //! - `frame_file` (`src/frame_file.rs`): checksummed frames in a preallocated
 //!   file reused in generations, etcd's WAL shape: the file under the SQLite
 //!   record log and the Raft log.
-//! - `metrics` (`src/metrics/`): the Prometheus registry every layer counts in.
+//! - `metrics` (`src/metrics/`): the Prometheus registry every layer counts in
+//!   (`mod.rs`), and the process metrics with CPU to the tick (`process.rs`).
 //! - `go_duration` (`src/go_duration.rs`): Go's duration syntax, for the etcd
 //!   flags written that way.
 //! - [`proto`]: the generated etcd v3 and peer protocol types, from

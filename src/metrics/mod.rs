@@ -8,6 +8,8 @@
 //! /metrics is scraped rather than tracked on every write; `server::metrics_server`
 //! serves them.
 
+mod process;
+
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -15,6 +17,8 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, exponential_buckets,
 };
+
+use process::ProcessMetrics;
 
 /// Every metric cetera exports.
 pub struct Metrics {
@@ -388,7 +392,7 @@ impl Metrics {
             // process_resident_memory_bytes, process_cpu_seconds_total,
             // process_open_fds...: what etcd's Go client exports and
             // etcd's dashboards and `etcdctl check datascale` read.
-            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+            Box::new(ProcessMetrics::for_self()),
         ];
         for collector in collectors {
             metrics
