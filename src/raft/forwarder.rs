@@ -275,15 +275,19 @@ mod tests {
         url
     }
 
-    /// Forwards 8 proposals at once, seqs 0..8, and checks each one's answer.
-    async fn forward_eight(forwarder: &Forwarder, url: &str) {
-        let proposals = (0..8).map(|seq| Proposal {
+    /// A follower's put numbered `seq`.
+    fn proposal(seq: u64) -> Proposal {
+        Proposal {
             origin: 2,
             seq,
             at_ms: 0,
             request: WriteRequest::Put(PutRequest::default()),
-        });
-        let answers = join_all(proposals.map(|p| forwarder.forward(url, p))).await;
+        }
+    }
+
+    /// Forwards 8 proposals at once, seqs 0..8, and checks each one's answer.
+    async fn forward_eight(forwarder: &Forwarder, url: &str) {
+        let answers = join_all((0..8).map(|seq| forwarder.forward(url, proposal(seq)))).await;
         for (seq, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(Ok(())) => assert_eq!(seq % 2, 0, "seq {seq}"),
@@ -293,11 +297,16 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn proposals_at_once_go_in_one_call_each_with_its_answer() {
-        let leader = Leader::new(true);
+    /// `leader` served, its URL, and a forwarder that calls within 5 s.
+    async fn forwarding_to(leader: Arc<Leader>) -> (Arc<Leader>, String, Forwarder) {
         let url = serve(leader.clone()).await;
         let forwarder = Forwarder::new(Peers::new("token", None, None), Duration::from_secs(5));
+        (leader, url, forwarder)
+    }
+
+    #[tokio::test]
+    async fn proposals_at_once_go_in_one_call_each_with_its_answer() {
+        let (leader, url, forwarder) = forwarding_to(Leader::new(true)).await;
         forward_eight(&forwarder, &url).await;
         assert_eq!(leader.several_calls.load(Ordering::SeqCst), 1);
         assert_eq!(leader.forward_calls.load(Ordering::SeqCst), 0);
@@ -308,9 +317,7 @@ mod tests {
     /// leader is not asked again for a while.
     #[tokio::test]
     async fn an_older_leader_gets_a_call_per_proposal() {
-        let leader = Leader::new(false);
-        let url = serve(leader.clone()).await;
-        let forwarder = Forwarder::new(Peers::new("token", None, None), Duration::from_secs(5));
+        let (leader, url, forwarder) = forwarding_to(Leader::new(false)).await;
         forward_eight(&forwarder, &url).await;
         forward_eight(&forwarder, &url).await;
         assert_eq!(leader.several_calls.load(Ordering::SeqCst), 1);
@@ -331,15 +338,7 @@ mod tests {
         ));
         let hung = {
             let (forwarder, silent_url) = (forwarder.clone(), silent_url.clone());
-            tokio::spawn(async move {
-                let proposal = Proposal {
-                    origin: 2,
-                    seq: 0,
-                    at_ms: 0,
-                    request: WriteRequest::Put(PutRequest::default()),
-                };
-                forwarder.forward(&silent_url, proposal).await
-            })
+            tokio::spawn(async move { forwarder.forward(&silent_url, proposal(0)).await })
         };
         // Its call is out once it has connected.
         let (_connection, _) = silent.accept().await.unwrap();
