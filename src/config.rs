@@ -103,9 +103,11 @@ pub struct Config {
     #[arg(long, env = "CETERA_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,
 
-    /// etcd version that Status reports. Kubernetes turns on its watch-progress
-    /// features from 3.5.13.
-    #[arg(long, env = "CETERA_EMULATED_ETCD_VERSION", default_value = "3.5.13")]
+    /// etcd version that Status and /version report, and whose answers cetera
+    /// gives where releases differ. The default, 3.7.3, is the release whose
+    /// API cetera serves (RangeStream included) and Kubernetes 1.37's etcd;
+    /// its storage feature check needs 3.5.13 or later for RequestWatchProgress.
+    #[arg(long, env = "CETERA_EMULATED_ETCD_VERSION", default_value = "3.7.3")]
     pub emulated_etcd_version: String,
 
     /// How often watchers that ask for progress notifications get one

@@ -1,5 +1,5 @@
 //! etcd's command line, ETCD_* variables and --config-file start cetera as
-//! they start etcd 3.5.1: the same unit-file command line and the same YAML
+//! they start the oracle etcd (3.7.3 or 3.5.1): the same unit-file command line and the same YAML
 //! bring both up serving on the given address with data in the given
 //! directory, and what etcd refuses, cetera refuses with etcd's words.
 
@@ -12,7 +12,7 @@ use common::cetera_server::cetera_bin;
 use common::process::Proc;
 use common::{etcd_bin, free_port};
 
-/// An etcd 3.5 systemd unit's ExecStart arguments, as etcd's docs and
+/// An etcd systemd unit's ExecStart arguments, as etcd's docs and
 /// distributions write them, for one member on 127.0.0.1.
 fn unit_args(data_dir: &Path, client: u16, peer: u16) -> Vec<String> {
     let client_url = format!("http://127.0.0.1:{client}");
@@ -36,17 +36,35 @@ fn unit_args(data_dir: &Path, client: u16, peer: u16) -> Vec<String> {
         "--auto-compaction-mode=periodic".to_string(),
         "--auto-compaction-retention=1".to_string(),
         "--max-request-bytes=1572864".to_string(),
-        "--enable-v2=false".to_string(),
         "--enable-pprof".to_string(),
         "--metrics=basic".to_string(),
-        "--experimental-initial-corrupt-check=true".to_string(),
-        "--experimental-watch-progress-notify-interval=5s".to_string(),
         "--logger=zap".to_string(),
         "--log-level=info".to_string(),
         "--log-outputs=stderr".to_string(),
         "--unsafe-no-fsync".to_string(),
     ]
-    .into()
+    .into_iter()
+    .chain(version_args())
+    .collect()
+}
+
+/// The unit's flags whose spelling depends on the oracle's version: 3.6 and
+/// later removed `--enable-v2` and the `--experimental-` flags (the corrupt
+/// check became a feature gate).
+fn version_args() -> Vec<String> {
+    let flags: &[&str] = if common::oracle().is_36_or_later() {
+        &[
+            "--feature-gates=InitialCorruptCheck=true",
+            "--watch-progress-notify-interval=5s",
+        ]
+    } else {
+        &[
+            "--enable-v2=false",
+            "--experimental-initial-corrupt-check=true",
+            "--experimental-watch-progress-notify-interval=5s",
+        ]
+    };
+    flags.iter().map(|s| s.to_string()).collect()
 }
 
 /// Spawns `program` with `args` and `env` (and nothing else from ETCD_*).

@@ -1,7 +1,7 @@
 //! etcd's HTTP face on the client port, differentially: the same JSON
 //! requests (the grpc-gateway routes, good and bad bodies, with and without
 //! auth, plain and TLS) and the plain endpoints (/version, /health,
-//! /metrics) sent to real etcd 3.5.1 and to cetera, their status codes and
+//! /metrics) sent to the oracle etcd (3.7.3, or 3.5.1) and to cetera, their status codes and
 //! JSON answers compared field by field (ids, sizes and times aside).
 
 mod common;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::certs::Ca;
 use common::client::ClientTls;
-use common::{Cetera, Etcd};
+use common::{Cetera, Etcd, oracle};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -503,7 +503,7 @@ async fn json_api_answers_as_etcd() {
     let Some(etcd) = Etcd::start().await else {
         return;
     };
-    let cetera = Cetera::start_with(&["--emulated-etcd-version", "3.5.1"]).await;
+    let cetera = Cetera::start_with(&["--emulated-etcd-version", oracle().version()]).await;
     let etcd = Target {
         port: etcd.port(),
         tls: None,
@@ -541,7 +541,7 @@ async fn json_api_over_tls_answers_as_etcd() {
         return;
     };
     let mut cetera_flags = flags.to_vec();
-    cetera_flags.extend(["--emulated-etcd-version", "3.5.1"]);
+    cetera_flags.extend(["--emulated-etcd-version", oracle().version()]);
     let cetera = Cetera::start_tls(&cetera_flags, probe).await;
     let tls = Some(client_tls(&ca.pem));
     let etcd = Target {

@@ -32,7 +32,7 @@ use cetera::proto::etcdserverpb::{
     request_op::Request as Op,
 };
 use cetera::proto::ops;
-use common::{Side, differential};
+use common::{Side, differential, progress_notify_interval_flag};
 use tokio_stream::StreamExt as _;
 
 /// How long to listen for responses that must not come.
@@ -812,7 +812,7 @@ async fn request_progress() {
 /// and count are not compared.
 #[tokio::test]
 async fn progress_notify() {
-    let etcd = ["--experimental-watch-progress-notify-interval", "300ms"];
+    let etcd = [progress_notify_interval_flag(), "300ms"];
     let cetera = ["--watch-progress-notify-interval", "300ms"];
     differential(&etcd, &cetera, async |s: &mut Side| {
         let mut ws = s.watch();

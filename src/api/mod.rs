@@ -8,6 +8,7 @@ pub mod cluster;
 mod downgrade;
 pub mod election;
 mod go_decode;
+mod keys_only;
 pub mod kv;
 pub mod lease;
 pub mod lock;
@@ -75,6 +76,12 @@ impl ServerInfo {
     /// some answers follow.
     pub fn emulates_36(&self) -> bool {
         version::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
+    }
+
+    /// Whether the emulated etcd is 3.7 or later, which reads keys-only
+    /// ranges from its key index (see `keys_only`).
+    pub fn emulates_37(&self) -> bool {
+        version::major_minor(&self.version).is_some_and(|v| v >= (3, 7))
     }
 
     /// The Raft term: the cluster's, or a single node's constant one.
