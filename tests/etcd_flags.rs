@@ -67,7 +67,17 @@ fn version_args() -> Vec<String> {
     flags.iter().map(|s| s.to_string()).collect()
 }
 
-/// Spawns `program` with `args` and `env` (and nothing else from ETCD_*).
+/// `program` to run, with the version the oracle asks cetera to report.
+fn command(program: &Path) -> Command {
+    let mut command = Command::new(program);
+    if program == cetera_bin() {
+        command.envs(common::reference_binaries::cetera_env());
+    }
+    command
+}
+
+/// Spawns `program` with `args` and `env` (and nothing else from ETCD_* or
+/// CETERA_*, but the version cetera reports).
 fn spawn(program: &Path, args: &[String], env: &[(&str, String)], log: &Path) -> Proc {
     let out = std::fs::File::create(log).unwrap();
     let mut command = Command::new(program);
@@ -75,6 +85,9 @@ fn spawn(program: &Path, args: &[String], env: &[(&str, String)], log: &Path) ->
         if name.starts_with("ETCD_") || name.starts_with("CETERA_") {
             command.env_remove(name);
         }
+    }
+    if program == cetera_bin() {
+        command.envs(common::reference_binaries::cetera_env());
     }
     let child = command
         .args(args)
@@ -193,7 +206,7 @@ async fn etcd_variables_start_cetera_and_a_flag_with_its_variable_is_refused() {
 
     // A flag and its own variable: etcd stops (fatal, exit 1), and so does cetera.
     let conflict = |program: &Path| {
-        let out = Command::new(program)
+        let out = command(program)
             .args(["--name", "a"])
             .env("ETCD_NAME", "b")
             .output()
@@ -285,7 +298,7 @@ fn an_unknown_flag_is_refused_with_etcds_message() {
         &["-data-dirr", "x"],
     ] {
         let run = |program: &Path| {
-            let out = Command::new(program).args(args).output().unwrap();
+            let out = command(program).args(args).output().unwrap();
             (
                 out.status.code(),
                 String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -391,7 +391,10 @@ async fn streams(etcd: &Target, cetera: &Target) {
             // answer comes.
             let wait = Duration::from_secs(2);
             assert!(etcd.silent(path, body, wait).await, "etcd answered {body}");
-            assert!(cetera.silent(path, body, wait).await, "cetera answered {body}");
+            assert!(
+                cetera.silent(path, body, wait).await,
+                "cetera answered {body}"
+            );
             continue;
         }
         let (etcd_status, etcd_lines) = etcd.stream(path, body, lines).await;

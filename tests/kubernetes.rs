@@ -60,9 +60,7 @@ async fn kubernetes_workload_on_cetera() {
 
 #[tokio::test]
 async fn kubernetes_workload_on_etcd() {
-    let Some(etcd) =
-        Etcd::start_with(&[progress_notify_interval_flag(), "200ms"]).await
-    else {
+    let Some(etcd) = Etcd::start_with(&[progress_notify_interval_flag(), "200ms"]).await else {
         return;
     };
     within_a_minute(run(&etcd.endpoint(), false)).await;

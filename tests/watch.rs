@@ -266,7 +266,14 @@ async fn negative_start_revision() {
             start_revision: -5,
             ..key(b"a")
         });
-        s.recv_flat(&mut ws, 2, 0, "start_revision -5").await;
+        // etcd 3.5.1 takes the watch (created, then the put); 3.7 refuses
+        // it in one answer, created and canceled.
+        let answers = if common::oracle().is_36_or_later() {
+            1
+        } else {
+            2
+        };
+        s.recv_flat(&mut ws, answers, 0, "start_revision -5").await;
         s.quiet(&mut ws, SILENCE, "nothing else").await;
         ws.create(key(b"a"));
         s.recv(&mut ws, "the stream still works").await;

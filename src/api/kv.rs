@@ -153,8 +153,8 @@ impl<B: Backend> Kv for KvService<B> {
                 &self.store,
             )
             .await?;
-        let without_leases = (self.info.emulates_37() && keys_only::any_read_from_index(&req))
-            .then(|| req.clone());
+        let without_leases =
+            (self.info.emulates_37() && keys_only::any_read_from_index(&req)).then(|| req.clone());
         let mut resp = self.store.txn(req).await?;
         if let Some(req) = &without_leases {
             keys_only::txn(req, &mut resp);

@@ -285,12 +285,10 @@ impl<B: Backend> Endpoints<B> {
     /// etcd 3.6's non_learner check: a learner is not ready.
     fn not_a_learner(&self) -> Result<(), String> {
         let me = self.info.identity.member_id;
-        let learner = self.info.cluster.as_ref().is_some_and(|cluster| {
-            cluster
-                .members()
-                .iter()
-                .any(|m| m.id == me && m.is_learner)
-        });
+        let learner =
+            self.info.cluster.as_ref().is_some_and(|cluster| {
+                cluster.members().iter().any(|m| m.id == me && m.is_learner)
+            });
         if learner {
             Err("not supported for learner".to_string())
         } else {

@@ -121,13 +121,9 @@ pub fn oracle() -> Oracle {
 /// `CETERA_EMULATED_ETCD_VERSION` (a `--emulated-etcd-version` argument wins
 /// over both).
 pub fn cetera_env() -> Vec<(&'static str, String)> {
-    if std::env::var_os("CETERA_EMULATED_ETCD_VERSION").is_some() {
-        return Vec::new();
-    }
-    vec![(
-        "CETERA_EMULATED_ETCD_VERSION",
-        oracle().cetera_version().to_string(),
-    )]
+    let version = std::env::var("CETERA_EMULATED_ETCD_VERSION")
+        .unwrap_or_else(|_| oracle().cetera_version().to_string());
+    vec![("CETERA_EMULATED_ETCD_VERSION", version)]
 }
 
 /// `tools/reference/bin/NAME` of this repository, where `tools/reference/build.sh`
