@@ -108,9 +108,17 @@ impl ServerInfo {
             .or_else(|| metadata.get("authorization"))
             .and_then(|v| v.to_str().ok())
             .map(|token| token.strip_prefix("Bearer ").unwrap_or(token));
-        Ok(self
+        match self
             .auth
-            .caller(token, || certificate_user(metadata, extensions))?)
+            .caller(token, || certificate_user(metadata, extensions))
+        {
+            // etcd 3.6 gave the old-token error its gRPC mapping
+            // (rpctypes.ErrGRPCAuthOldRevision); 3.5 sends it as Unknown.
+            Err(AuthError::OldRevision) if self.emulates_36() => Err(Status::invalid_argument(
+                "etcdserver: revision of auth store is old",
+            )),
+            answer => Ok(answer?),
+        }
     }
 
     /// The caller, who must carry a valid token whenever auth is enabled.
