@@ -4,12 +4,16 @@
 # test of every workspace member (`--workspace`) with cargo-nextest (installed
 # from crates.io if missing):
 #   1. unit tests (each backend's conformance suite included) and the
-#      integration tests on SQLite;
-#   2. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh);
-#   3. the differential suites again with every server a follower of a
+#      integration tests on SQLite, compared with etcd 3.7.3 (the default
+#      oracle, CETERA_TEST_ETCD=3.7);
+#   2. the suites that compare cetera with a real etcd again, with etcd 3.5.1
+#      as the oracle (CETERA_TEST_ETCD=3.5: cetera reports 3.5.13 and answers
+#      as a 3.5 does), on SQLite;
+#   3. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh);
+#   4. the differential suites again with every server a follower of a
 #      3-member replicated cluster (CETERA_TEST_CLUSTER=1), but for 3 tests
 #      of single-server behaviour (restarts, Status/MemberList of one server);
-#   4. the integration tests again on PostgreSQL and on MySQL/MariaDB
+#   5. the integration tests again on PostgreSQL and on MySQL/MariaDB
 #      (CETERA_TEST_BACKEND), each server on a database of its own.
 # A database server that cannot be reached is skipped with a warning, except
 # in CI (CI=true), where it fails the run.
@@ -27,6 +31,12 @@ reachable() { timeout 2 bash -c "</dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 status=0
 echo "=== unit tests, and integration tests on SQLite"
 cargo nextest run --workspace --no-fail-fast "$@" || status=1
+
+echo "=== the suites that compare with etcd, against etcd 3.5.1"
+# Every binary that starts a real etcd (or its etcdctl/etcdutl) beside cetera,
+# and those whose answers depend on the version cetera reports.
+ORACLE_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(maintenance) | binary(gateway) | binary(etcdctl) | binary(etcd_flags) | binary(etcd_logins) | binary(etcd_snapshot) | binary(hash_kv) | binary(range_stream) | binary(downgrade) | binary(kubernetes) | binary(tls) | binary(quota) | binary(auto_compaction) | binary(metrics)'
+CETERA_TEST_ETCD=3.5 cargo nextest run --workspace --no-fail-fast -E "$ORACLE_SUITES" "$@" || status=1
 
 echo "=== etcd3gw 2.7.0's own tests (a client of etcd's JSON gateway)"
 scripts/etcd3gw-suite.sh || status=1

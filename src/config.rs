@@ -14,6 +14,20 @@ use crate::backend::datastore::DatastoreTls;
 /// Default SQLite file, as kine and k3s use.
 pub const DEFAULT_ENDPOINT: &str = "sqlite://./db/state.db";
 
+/// The major and minor number of an etcd version such as `3.7.3` or
+/// `v3.6.0-rc.1` (0 for a part that is not a number).
+pub fn major_minor(version: &str) -> (u64, u64) {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .map(|part| part.parse::<u64>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// The etcd version cetera reports unless told otherwise: 3.7.3, the release
+/// whose API it serves (README, "The reported version").
+pub const DEFAULT_EMULATED_VERSION: &str = "3.7.3";
+
 /// cetera: the etcd v3 API on SQLite, PostgreSQL or MySQL.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "cetera", version, about, long_about = None)]
@@ -103,9 +117,11 @@ pub struct Config {
     #[arg(long, env = "CETERA_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,
 
-    /// etcd version that Status reports. Kubernetes turns on its watch-progress
-    /// features from 3.5.13.
-    #[arg(long, env = "CETERA_EMULATED_ETCD_VERSION", default_value = "3.5.13")]
+    /// etcd version that Status and /version report, and whose answers cetera
+    /// gives where releases differ. The default, 3.7.3, is the release whose
+    /// API cetera serves (RangeStream included) and Kubernetes 1.37's etcd;
+    /// its storage feature check needs 3.5.13 or later for RequestWatchProgress.
+    #[arg(long, env = "CETERA_EMULATED_ETCD_VERSION", default_value = DEFAULT_EMULATED_VERSION)]
     pub emulated_etcd_version: String,
 
     /// How often watchers that ask for progress notifications get one
@@ -582,6 +598,16 @@ impl Config {
             (3, 6) => patch >= 6,
             (3, minor) => minor > 6,
             (major, _) => major > 3,
+        }
+    }
+
+    /// The order of a Txn's checks of the emulated etcd: 3.6 rewrote them
+    /// (one pass in op order, a Put's lease before its key).
+    pub fn txn_checks(&self) -> crate::store::TxnChecks {
+        if major_minor(&self.emulated_etcd_version) >= (3, 6) {
+            crate::store::TxnChecks::Etcd36
+        } else {
+            crate::store::TxnChecks::Etcd35
         }
     }
 

@@ -314,14 +314,14 @@ async fn verify<R: ReadTxn, C: ReadTxn>(
         target: target_revisions.current.to_string(),
     });
     let source_hash = if history {
-        hash_kv(source, 0).await?.hash
+        hash_kv(source, 0, false).await?.hash
     } else {
         hash_kv_if_compacted(source).await?
     };
     checks.push(Check {
         what: format!("HashKV at revision {}", revisions.current),
         source: format!("{source_hash:#010x}"),
-        target: format!("{:#010x}", hash_kv(target, 0).await?.hash),
+        target: format!("{:#010x}", hash_kv(target, 0, false).await?.hash),
     });
     // The oldest readable revision too: the history between is covered by
     // the first hash, this checks the compacted store's base.
@@ -329,8 +329,8 @@ async fn verify<R: ReadTxn, C: ReadTxn>(
     if history && oldest > 1 && oldest < revisions.current {
         checks.push(Check {
             what: format!("HashKV at revision {oldest}"),
-            source: format!("{:#010x}", hash_kv(source, oldest).await?.hash),
-            target: format!("{:#010x}", hash_kv(target, oldest).await?.hash),
+            source: format!("{:#010x}", hash_kv(source, oldest, false).await?.hash),
+            target: format!("{:#010x}", hash_kv(target, oldest, false).await?.hash),
         });
     }
     let everything = KeyRange {
@@ -397,7 +397,7 @@ pub(crate) async fn verify_import<B: Backend>(
         Check {
             what: format!("HashKV at revision {current}"),
             source: format!("{:#010x}", imported.hash),
-            target: format!("{:#010x}", hash_kv(&mut check, 0).await?.hash),
+            target: format!("{:#010x}", hash_kv(&mut check, 0, false).await?.hash),
         },
         Check {
             what: format!("keys at revision {current}"),

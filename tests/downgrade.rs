@@ -173,7 +173,7 @@ async fn an_etcd_36_downgrade_stays_in_flight_until_cancelled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_35_sends_no_36_fields() {
-    let server = Cetera::start().await;
+    let server = Cetera::start_with(&["--emulated-etcd-version", "3.5.13"]).await;
     let channel = channel(&server.endpoint()).await;
     let mut client = MaintenanceClient::new(channel.clone());
     let mut kv = cetera::proto::etcdserverpb::kv_client::KvClient::new(channel);

@@ -1,5 +1,5 @@
 //! etcd's command line, ETCD_* variables and --config-file start cetera as
-//! they start etcd 3.5.1: the same unit-file command line and the same YAML
+//! they start the oracle etcd (3.7.3 or 3.5.1): the same unit-file command line and the same YAML
 //! bring both up serving on the given address with data in the given
 //! directory, and what etcd refuses, cetera refuses with etcd's words.
 
@@ -12,7 +12,7 @@ use common::cetera_server::cetera_bin;
 use common::process::Proc;
 use common::{etcd_bin, free_port};
 
-/// An etcd 3.5 systemd unit's ExecStart arguments, as etcd's docs and
+/// An etcd systemd unit's ExecStart arguments, as etcd's docs and
 /// distributions write them, for one member on 127.0.0.1.
 fn unit_args(data_dir: &Path, client: u16, peer: u16) -> Vec<String> {
     let client_url = format!("http://127.0.0.1:{client}");
@@ -36,20 +36,48 @@ fn unit_args(data_dir: &Path, client: u16, peer: u16) -> Vec<String> {
         "--auto-compaction-mode=periodic".to_string(),
         "--auto-compaction-retention=1".to_string(),
         "--max-request-bytes=1572864".to_string(),
-        "--enable-v2=false".to_string(),
         "--enable-pprof".to_string(),
         "--metrics=basic".to_string(),
-        "--experimental-initial-corrupt-check=true".to_string(),
-        "--experimental-watch-progress-notify-interval=5s".to_string(),
         "--logger=zap".to_string(),
         "--log-level=info".to_string(),
         "--log-outputs=stderr".to_string(),
         "--unsafe-no-fsync".to_string(),
     ]
-    .into()
+    .into_iter()
+    .chain(version_args())
+    .collect()
 }
 
-/// Spawns `program` with `args` and `env` (and nothing else from ETCD_*).
+/// The unit's flags whose spelling depends on the oracle's version: 3.6 and
+/// later removed `--enable-v2` and the `--experimental-` flags (the corrupt
+/// check became a feature gate).
+fn version_args() -> Vec<String> {
+    let flags: &[&str] = if common::oracle().is_36_or_later() {
+        &[
+            "--feature-gates=InitialCorruptCheck=true",
+            "--watch-progress-notify-interval=5s",
+        ]
+    } else {
+        &[
+            "--enable-v2=false",
+            "--experimental-initial-corrupt-check=true",
+            "--experimental-watch-progress-notify-interval=5s",
+        ]
+    };
+    flags.iter().map(|s| s.to_string()).collect()
+}
+
+/// `program` to run, with the version the oracle asks cetera to report.
+fn command(program: &Path) -> Command {
+    let mut command = Command::new(program);
+    if program == cetera_bin() {
+        command.envs(common::reference_binaries::cetera_env());
+    }
+    command
+}
+
+/// Spawns `program` with `args` and `env` (and nothing else from ETCD_* or
+/// CETERA_*, but the version cetera reports).
 fn spawn(program: &Path, args: &[String], env: &[(&str, String)], log: &Path) -> Proc {
     let out = std::fs::File::create(log).unwrap();
     let mut command = Command::new(program);
@@ -57,6 +85,9 @@ fn spawn(program: &Path, args: &[String], env: &[(&str, String)], log: &Path) ->
         if name.starts_with("ETCD_") || name.starts_with("CETERA_") {
             command.env_remove(name);
         }
+    }
+    if program == cetera_bin() {
+        command.envs(common::reference_binaries::cetera_env());
     }
     let child = command
         .args(args)
@@ -175,7 +206,7 @@ async fn etcd_variables_start_cetera_and_a_flag_with_its_variable_is_refused() {
 
     // A flag and its own variable: etcd stops (fatal, exit 1), and so does cetera.
     let conflict = |program: &Path| {
-        let out = Command::new(program)
+        let out = command(program)
             .args(["--name", "a"])
             .env("ETCD_NAME", "b")
             .output()
@@ -267,7 +298,7 @@ fn an_unknown_flag_is_refused_with_etcds_message() {
         &["-data-dirr", "x"],
     ] {
         let run = |program: &Path| {
-            let out = Command::new(program).args(args).output().unwrap();
+            let out = command(program).args(args).output().unwrap();
             (
                 out.status.code(),
                 String::from_utf8_lossy(&out.stderr).into_owned(),

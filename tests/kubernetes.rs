@@ -36,7 +36,7 @@ use cetera::proto::etcdserverpb::{
 };
 use cetera::proto::mvccpb::{KeyValue, event::EventType};
 use cetera::proto::ops;
-use common::{Cetera, Etcd, WatchStream};
+use common::{Cetera, Etcd, WatchStream, progress_notify_interval_flag};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use tonic::transport::Channel;
 
@@ -60,9 +60,7 @@ async fn kubernetes_workload_on_cetera() {
 
 #[tokio::test]
 async fn kubernetes_workload_on_etcd() {
-    let Some(etcd) =
-        Etcd::start_with(&["--experimental-watch-progress-notify-interval", "200ms"]).await
-    else {
+    let Some(etcd) = Etcd::start_with(&[progress_notify_interval_flag(), "200ms"]).await else {
         return;
     };
     within_a_minute(run(&etcd.endpoint(), false)).await;

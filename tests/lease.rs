@@ -465,6 +465,30 @@ fn etcdctl(s: &mut Side, etcdctl: &Path, args: &[&str]) -> Option<String> {
     granted.map(|id| format!("{id:x}"))
 }
 
+/// Waits until lease `id` has expired on the side's server (TimeToLive
+/// answers TTL -1), which must happen within a minute; not a step of the
+/// transcript.
+async fn expire(s: &mut Side, id: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ttl = lease_client(s)
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
+            .await
+            .expect("timetolive")
+            .into_inner()
+            .ttl;
+        if ttl == -1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: lease {id:x} has not expired within a minute",
+            s.name
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn etcdctl_lease() {
     let Some(bin) = common::etcdctl_35() else {
@@ -472,7 +496,7 @@ async fn etcdctl_lease() {
     };
     differential(&[], &[], async |s: &mut Side| {
         let id = etcdctl(s, &bin, &["lease", "grant", "60"]).unwrap_or_default();
-        etcdctl(s, &bin, &["lease", "grant", "1"]);
+        let short = etcdctl(s, &bin, &["lease", "grant", "1"]);
         etcdctl(s, &bin, &["lease", "grant", "60", "-w", "json"]);
         let lease = format!("--lease={id}");
         etcdctl(s, &bin, &["put", "k1", "v", &lease]);
@@ -482,6 +506,10 @@ async fn etcdctl_lease() {
         etcdctl(s, &bin, &["lease", "timetolive", &id]);
         etcdctl(s, &bin, &["lease", "timetolive", "--keys", &id]);
         etcdctl(s, &bin, &["lease", "timetolive", "1bad1ea5e"]);
+        // The 1-second lease has expired by the list on both servers,
+        // however slow the steps before it ran.
+        let short = short.expect("lease grant 1 reports its lease");
+        expire(s, i64::from_str_radix(&short, 16).expect("a hex lease id")).await;
         etcdctl(s, &bin, &["lease", "list"]);
         etcdctl(s, &bin, &["get", "k1", "-w", "fields"]);
         etcdctl(s, &bin, &["lease", "revoke", &id]);

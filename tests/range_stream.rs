@@ -483,9 +483,9 @@ async fn status_has_the_36_fields_when_emulating_36_or_later() {
                 .into_inner()
         }
     };
-    // The default, 3.5.13, as etcd 3.5: none of them.
-    let default = Cetera::start().await;
-    let resp = status(&default).await;
+    // As etcd 3.5: none of them.
+    let v35 = Cetera::start_with(&["--emulated-etcd-version", "3.5.13"]).await;
+    let resp = status(&v35).await;
     assert_eq!(
         (
             resp.storage_version.as_str(),

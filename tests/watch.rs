@@ -32,7 +32,7 @@ use cetera::proto::etcdserverpb::{
     request_op::Request as Op,
 };
 use cetera::proto::ops;
-use common::{Side, differential};
+use common::{Side, differential, progress_notify_interval_flag};
 use tokio_stream::StreamExt as _;
 
 /// How long to listen for responses that must not come.
@@ -266,7 +266,14 @@ async fn negative_start_revision() {
             start_revision: -5,
             ..key(b"a")
         });
-        s.recv_flat(&mut ws, 2, 0, "start_revision -5").await;
+        // etcd 3.5.1 takes the watch (created, then the put); 3.7 refuses
+        // it in one answer, created and canceled.
+        let answers = if common::oracle().is_36_or_later() {
+            1
+        } else {
+            2
+        };
+        s.recv_flat(&mut ws, answers, 0, "start_revision -5").await;
         s.quiet(&mut ws, SILENCE, "nothing else").await;
         ws.create(key(b"a"));
         s.recv(&mut ws, "the stream still works").await;
@@ -812,7 +819,7 @@ async fn request_progress() {
 /// and count are not compared.
 #[tokio::test]
 async fn progress_notify() {
-    let etcd = ["--experimental-watch-progress-notify-interval", "300ms"];
+    let etcd = [progress_notify_interval_flag(), "300ms"];
     let cetera = ["--watch-progress-notify-interval", "300ms"];
     differential(&etcd, &cetera, async |s: &mut Side| {
         let mut ws = s.watch();

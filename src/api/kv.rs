@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
-use super::{ServerInfo, errors};
+use super::{ServerInfo, errors, keys_only};
 use crate::backend::Backend;
 use crate::proto::etcdserverpb::kv_server::Kv;
 use crate::proto::etcdserverpb::range_request::{SortOrder, SortTarget};
@@ -69,6 +69,9 @@ impl<B: Backend> Kv for KvService<B> {
             .auth
             .authorize_range(&self.info.caller(&metadata, &extensions)?, &req)?;
         let mut resp = self.store.range(&req).await?;
+        if self.info.emulates_37() {
+            keys_only::range(&req, &mut resp);
+        }
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
@@ -92,6 +95,7 @@ impl<B: Backend> Kv for KvService<B> {
             let mut sink = GrpcChunks {
                 chunks: chunks.clone(),
                 info: info.clone(),
+                without_leases: info.emulates_37() && keys_only::read_from_index(&req),
             };
             if let Err(error) = store
                 .range_stream(&req, info.max_request_bytes, &mut sink)
@@ -149,7 +153,12 @@ impl<B: Backend> Kv for KvService<B> {
                 &self.store,
             )
             .await?;
+        let without_leases =
+            (self.info.emulates_37() && keys_only::any_read_from_index(&req)).then(|| req.clone());
         let mut resp = self.store.txn(req).await?;
+        if let Some(req) = &without_leases {
+            keys_only::txn(req, &mut resp);
+        }
         self.info.fill(&mut resp.header, self.current_revision());
         Ok(Response::new(resp))
     }
@@ -217,12 +226,20 @@ fn check_range_stream(req: &RangeRequest) -> Result<(), Status> {
 struct GrpcChunks {
     chunks: mpsc::Sender<Result<RangeStreamResponse, Status>>,
     info: Arc<ServerInfo>,
+    /// Whether the keys go without their leases, as etcd 3.7 reads a
+    /// keys-only range (see `keys_only`).
+    without_leases: bool,
 }
 
 impl ChunkSink for GrpcChunks {
     async fn send(&mut self, mut chunk: RangeResponse) -> bool {
         if chunk.header.is_some() {
             self.info.fill(&mut chunk.header, 0);
+        }
+        if self.without_leases {
+            for kv in &mut chunk.kvs {
+                kv.lease = 0;
+            }
         }
         let chunk = RangeStreamResponse {
             range_response: Some(chunk),

@@ -151,7 +151,10 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             .require_user(request.metadata(), request.extensions())?;
         let size = self.store.size().await?;
         let revision = self.store.revisions().current;
-        // etcd lists each raised alarm in the protobuf text form of its AlarmMember.
+        // etcd lists each raised alarm in the protobuf text form of its
+        // AlarmMember: gogo's with a trailing space up to 3.5, protobuf-go's
+        // without from 3.6.
+        let end = if self.info.emulates_36() { "" } else { " " };
         let errors = self
             .store
             .alarms(AlarmType::None as i32)
@@ -159,7 +162,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             .into_iter()
             .map(|row| {
                 format!(
-                    "memberID:{} alarm:{} ",
+                    "memberID:{} alarm:{}{end}",
                     row.member_id as u64,
                     alarm::alarm_name(row.alarm)
                 )

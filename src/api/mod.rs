@@ -8,6 +8,7 @@ pub mod cluster;
 mod downgrade;
 pub mod election;
 mod go_decode;
+mod keys_only;
 pub mod kv;
 pub mod lease;
 pub mod lock;
@@ -77,6 +78,12 @@ impl ServerInfo {
         version::major_minor(&self.version).is_some_and(|v| v >= (3, 6))
     }
 
+    /// Whether the emulated etcd is 3.7 or later, which reads keys-only
+    /// ranges from its key index (see `keys_only`).
+    pub fn emulates_37(&self) -> bool {
+        version::major_minor(&self.version).is_some_and(|v| v >= (3, 7))
+    }
+
     /// The Raft term: the cluster's, or a single node's constant one.
     pub fn raft_term(&self) -> u64 {
         self.cluster
@@ -101,9 +108,17 @@ impl ServerInfo {
             .or_else(|| metadata.get("authorization"))
             .and_then(|v| v.to_str().ok())
             .map(|token| token.strip_prefix("Bearer ").unwrap_or(token));
-        Ok(self
+        match self
             .auth
-            .caller(token, || certificate_user(metadata, extensions))?)
+            .caller(token, || certificate_user(metadata, extensions))
+        {
+            // etcd 3.6 gave the old-token error its gRPC mapping
+            // (rpctypes.ErrGRPCAuthOldRevision); 3.5 sends it as Unknown.
+            Err(AuthError::OldRevision) if self.emulates_36() => Err(Status::invalid_argument(
+                "etcdserver: revision of auth store is old",
+            )),
+            answer => Ok(answer?),
+        }
     }
 
     /// The caller, who must carry a valid token whenever auth is enabled.

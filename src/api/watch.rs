@@ -19,7 +19,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::metadata::MetadataMap;
 use tonic::server::{Grpc, NamedService, StreamingService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::ServerInfo;
 use super::go_decode::watch_request_error;
@@ -106,6 +106,11 @@ impl<B: Backend> WatchService<B> {
             inner: responses,
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             expired: false,
+            code: if self.info.emulates_36() {
+                Code::DeadlineExceeded
+            } else {
+                Code::Unknown
+            },
         })))
     }
 }
@@ -153,11 +158,13 @@ fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
 }
 
 /// Passes `inner` on until the call's deadline, then ends the call with
-/// the error etcd's Go server sends for it (the context's error, as Unknown).
+/// the error etcd's Go server sends for it (the context's error: Unknown
+/// from etcd 3.5, DeadlineExceeded from 3.6's gRPC on).
 struct UntilDeadline<S> {
     inner: S,
     deadline: Option<Pin<Box<Sleep>>>,
     expired: bool,
+    code: Code,
 }
 
 impl<S: Stream<Item = Outbound> + Unpin> Stream for UntilDeadline<S> {
@@ -171,7 +178,8 @@ impl<S: Stream<Item = Outbound> + Unpin> Stream for UntilDeadline<S> {
             && deadline.as_mut().poll(cx).is_ready()
         {
             self.expired = true;
-            return Poll::Ready(Some(Err(Status::unknown("context deadline exceeded"))));
+            let code = self.code;
+            return Poll::Ready(Some(Err(Status::new(code, "context deadline exceeded"))));
         }
         Pin::new(&mut self.inner).poll_next(cx)
     }

@@ -26,7 +26,8 @@ use clap::{Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches};
 
 use super::Config;
 
-/// etcd's usage text, printed after an unknown flag as etcd prints it.
+/// etcd's usage text, printed after an unknown flag as etcd prints it
+/// (3.7 adds [`DURATION_NOTE`] after the config file's line).
 const ETCD_USAGE: &str = "Usage:
 
   etcd [flags]
@@ -40,13 +41,39 @@ const ETCD_USAGE: &str = "Usage:
 
   etcd --config-file
     Path to the server configuration file. Note that if a configuration file is provided, other command line flags and environment variables will be ignored.
-
+{duration_note}
   etcd gateway
     Run the stateless pass-through etcd TCP connection forwarding proxy.
 
   etcd grpc-proxy
     Run the stateless etcd v3 gRPC L7 reverse proxy.
 ";
+
+/// etcd 3.7's note on durations in a config file, in its usage text.
+const DURATION_NOTE: &str =
+    "    Duration-typed fields (for example --heartbeat-interval, --election-timeout,
+    --watch-progress-notify-interval) must be specified as integer nanoseconds
+    in the JSON/YAML file (e.g. 600000000000 for 10m); human-readable strings
+    such as \"10m\" are only accepted on the command line.
+";
+
+/// The usage text of the etcd that `args` (or `CETERA_EMULATED_ETCD_VERSION`,
+/// or the default) make cetera emulate.
+fn etcd_usage(args: &[OsString]) -> String {
+    let mut version = std::env::var("CETERA_EMULATED_ETCD_VERSION").ok();
+    let mut args = args.iter().map(|arg| arg.to_string_lossy());
+    while let Some(arg) = args.next() {
+        let arg = arg.trim_start_matches('-');
+        if arg == "emulated-etcd-version" {
+            version = args.next().map(|v| v.into_owned());
+        } else if let Some(value) = arg.strip_prefix("emulated-etcd-version=") {
+            version = Some(value.to_string());
+        }
+    }
+    let version = version.unwrap_or_else(|| super::DEFAULT_EMULATED_VERSION.to_string());
+    let from_37 = super::major_minor(&version) >= (3, 7);
+    ETCD_USAGE.replace("{duration_note}", if from_37 { DURATION_NOTE } else { "" })
+}
 
 /// Whether an accepted etcd flag takes a value or is a Go bool flag.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -508,7 +535,10 @@ fn parse(command: &clap::Command, args: &[OsString]) -> Result<ArgMatches, LoadE
                     .to_string();
                 if given.starts_with('-') {
                     LoadError::Etcd {
-                        message: format!("flag provided but not defined: -{name}\n{ETCD_USAGE}"),
+                        message: format!(
+                            "flag provided but not defined: -{name}\n{}",
+                            etcd_usage(args)
+                        ),
                         code: 2,
                     }
                 } else {

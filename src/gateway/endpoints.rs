@@ -35,6 +35,9 @@ pub struct Endpoints<B: Backend> {
 struct Versions<'a> {
     etcdserver: &'a str,
     etcdcluster: &'a str,
+    /// The storage version, which etcd 3.6 and later add.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage: Option<&'a str>,
 }
 
 /// etcd's /health answer.
@@ -45,7 +48,7 @@ struct Health<'a> {
 }
 
 /// (major, minor, patch) of a version such as `3.5.13` or `v3.6.0-rc.1`.
-fn version_numbers(version: &str) -> (u64, u64, u64) {
+pub(super) fn version_numbers(version: &str) -> (u64, u64, u64) {
     let mut parts = version
         .trim_start_matches('v')
         .split(['.', '-', '+'])
@@ -108,7 +111,7 @@ impl<B: Backend> Endpoints<B> {
             }
             _ if checks => {
                 let (kind, check) = path.strip_prefix('/')?.split_once('/')?;
-                if !check_names(kind).contains(&check) {
+                if !check_names(kind, self.emulates_36()).contains(&check) {
                     return None;
                 }
                 Some(match get_only(method) {
@@ -120,12 +123,21 @@ impl<B: Backend> Endpoints<B> {
         }
     }
 
-    /// `{"etcdserver":"3.5.13","etcdcluster":"3.5.0"}`.
+    /// Whether the emulated etcd is 3.6 or later.
+    fn emulates_36(&self) -> bool {
+        self.emulated() >= (3, 6, 0)
+    }
+
+    /// `{"etcdserver":"3.5.13","etcdcluster":"3.5.0"}`, and from 3.6 on with
+    /// the storage version, which etcd keeps at the cluster version:
+    /// `{"etcdserver":"3.7.3","etcdcluster":"3.7.0","storage":"3.7.0"}`.
     fn version(&self) -> Response<Body> {
         let (major, minor, _) = self.emulated();
+        let cluster = format!("{major}.{minor}.0");
         let body = Versions {
             etcdserver: &self.info.version,
-            etcdcluster: &format!("{major}.{minor}.0"),
+            etcdcluster: &cluster,
+            storage: self.emulates_36().then_some(cluster.as_str()),
         };
         let body = serde_json::to_string(&body).expect("versions serialize");
         let mut response = Response::new(Body::from(body));
@@ -234,13 +246,14 @@ impl<B: Backend> Endpoints<B> {
         let excluded: Vec<String> = query_values(query, "exclude").collect();
         let mut failed = false;
         let mut lines = String::new();
-        for &name in check_names(kind) {
+        for &name in check_names(kind, self.emulates_36()) {
             if only.is_some_and(|only| only != name) || excluded.iter().any(|e| e == name) {
                 continue;
             }
             let outcome = match name {
                 "data_corruption" => self.corruption_check().await,
                 "serializable_read" => self.read(true).await,
+                "non_learner" => self.not_a_learner(),
                 _ => {
                     if self.has_leader() {
                         self.read(false).await
@@ -269,6 +282,20 @@ impl<B: Backend> Endpoints<B> {
         plain_text(StatusCode::OK, body)
     }
 
+    /// etcd 3.6's non_learner check: a learner is not ready.
+    fn not_a_learner(&self) -> Result<(), String> {
+        let me = self.info.identity.member_id;
+        let learner =
+            self.info.cluster.as_ref().is_some_and(|cluster| {
+                cluster.members().iter().any(|m| m.id == me && m.is_learner)
+            });
+        if learner {
+            Err("not supported for learner".to_string())
+        } else {
+            Ok(())
+        }
+    }
+
     async fn corruption_check(&self) -> Result<(), String> {
         let alarms = self
             .store
@@ -284,10 +311,17 @@ impl<B: Backend> Endpoints<B> {
 }
 
 /// The checks of /livez and /readyz, in a fixed order (etcd's map order
-/// varies from one answer to the next).
-fn check_names(kind: &str) -> &'static [&'static str] {
+/// varies from one answer to the next); etcd 3.6 added /readyz's
+/// non_learner.
+fn check_names(kind: &str, emulates_36: bool) -> &'static [&'static str] {
     match kind {
         "livez" => &["serializable_read"],
+        "readyz" if emulates_36 => &[
+            "data_corruption",
+            "linearizable_read",
+            "non_learner",
+            "serializable_read",
+        ],
         "readyz" => &["data_corruption", "linearizable_read", "serializable_read"],
         _ => &[],
     }

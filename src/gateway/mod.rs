@@ -1,5 +1,5 @@
 //! etcd's HTTP face on the client port: the grpc-gateway JSON API (every
-//! route etcd 3.5 serves under `/v3/`, and `/v3beta/` as its alias) and the
+//! route etcd serves under `/v3/`, and `/v3beta/` as its alias) and the
 //! plain endpoints (`/version`, `/health`, `/metrics`, `/livez`, `/readyz`).
 //!
 //! It is the fallback route of the gRPC server, so one listener and its TLS
@@ -7,7 +7,8 @@
 //! the very service implementation gRPC calls, in process (etcd's gateway
 //! dials its own gRPC port instead), with the `Authorization` header as the
 //! token; so no etcd rule is written twice. Answers and errors are written
-//! as etcd's gateway writes them (see `json`).
+//! as the emulated etcd's gateway writes them (v1 up to 3.5, v2 from 3.6;
+//! see `json`).
 
 mod endpoints;
 mod json;
@@ -32,7 +33,7 @@ use tonic::{Status, Streaming};
 
 use self::endpoints::Endpoints;
 pub use self::endpoints::RenderMetrics;
-use self::json::{error_response, json_response, text_error, to_json};
+use self::json::{Runtime, error_response, json_response, text_error, to_json};
 use crate::api::ServerInfo;
 use crate::api::auth::AuthService;
 use crate::api::cluster::ClusterService;
@@ -81,6 +82,8 @@ struct Inner<B: Backend> {
     endpoints: Endpoints<B>,
     /// The largest message gRPC accepts (and so the gateway passes on).
     max_message: usize,
+    /// The gateway runtime of the emulated etcd.
+    runtime: Runtime,
 }
 
 /// The gateway as a tower service of HTTP requests; cheap to clone.
@@ -102,8 +105,10 @@ impl<B: Backend> Gateway<B> {
         render_metrics: RenderMetrics,
         max_message: usize,
     ) -> Self {
+        let runtime = Runtime::of(endpoints::version_numbers(&info.version));
         Gateway(Arc::new(Inner {
             services,
+            runtime,
             endpoints: Endpoints {
                 store,
                 info,
@@ -220,6 +225,7 @@ impl<B: Backend> Inner<B> {
             headers: parts.headers,
             body,
             max_message: self.max_message,
+            runtime: self.runtime,
         };
         let s = &self.services;
         match path {
@@ -282,7 +288,7 @@ impl<B: Backend> Inner<B> {
             "/v3/election/leader" => call.unary(|r| s.election.leader(r)).await,
             "/v3/election/observe" => call.server_stream(|r| s.election.observe(r)).await,
             "/v3/election/resign" => call.unary(|r| s.election.resign(r)).await,
-            _ => text_error(StatusCode::NOT_FOUND, "Not Found"),
+            _ => json::no_route(self.runtime),
         }
     }
 }
@@ -293,6 +299,7 @@ struct Call {
     headers: HeaderMap,
     body: Body,
     max_message: usize,
+    runtime: Runtime,
 }
 
 /// A body may be this much larger than the message it carries (JSON,
@@ -306,7 +313,7 @@ impl Call {
         Req: DeserializeOwned + prost::Message + Default,
     {
         let bytes = json::read_body(self.body, self.max_message * JSON_OVERHEAD).await?;
-        let message: Req = json::decode(&bytes)?;
+        let message: Req = json::decode(&bytes, self.runtime)?;
         let size = message.encoded_len();
         if size > self.max_message {
             return Err(json::too_large(size, self.max_message));
@@ -324,15 +331,16 @@ impl Call {
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         if !self.post {
-            return text_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+            return json::wrong_method(self.runtime);
         }
+        let runtime = self.runtime;
         let answer = match self.message().await {
             Ok(request) => call(request).await,
             Err(status) => Err(status),
         };
         match answer {
             Ok(response) => json_response(StatusCode::OK, to_json(response.get_ref()), true),
-            Err(status) => error_response(&status),
+            Err(status) => error_response(&status, runtime),
         }
     }
 
@@ -345,23 +353,24 @@ impl Call {
         Fut: Future<Output = Result<tonic::Response<S>, Status>>,
     {
         if !self.post {
-            return text_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+            return json::wrong_method(self.runtime);
         }
+        let runtime = self.runtime;
         let request = match self.message().await {
             Ok(request) => request,
-            Err(status) => return error_response(&status),
+            Err(status) => return error_response(&status, runtime),
         };
         match call(request).await {
-            Ok(response) => json::stream_response(response.into_inner()).await,
-            Err(status) => json::stream_failed(&status),
+            Ok(response) => json::stream_response(response.into_inner(), runtime).await,
+            Err(status) => json::stream_failed(&status, runtime),
         }
     }
 
     /// A bidirectional stream (Watch, LeaseKeepAlive): the body is read as a
     /// sequence of JSON messages, each passed on as it arrives; the end of
-    /// the body is the end of the client's stream. A first message that does
-    /// not decode fails the call (500, as etcd's gateway answers); a later one
-    /// ends the client's stream.
+    /// the body is the end of the client's stream. A message that does not
+    /// decode ends the client's stream, except that v1 fails the call when
+    /// it is the first (500, as etcd 3.5's gateway answers).
     async fn bidi<Req, Resp, S, F, Fut>(self, call: F) -> Response<Body>
     where
         Req: DeserializeOwned + prost::Message + Default + Send + 'static,
@@ -371,18 +380,22 @@ impl Call {
         Fut: Future<Output = Result<tonic::Response<S>, Status>>,
     {
         if !self.post {
-            return text_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+            return json::wrong_method(self.runtime);
         }
         let (frames, queued) = mpsc::channel(QUEUED_REQUESTS);
         let (first_tx, first) = oneshot::channel();
+        let runtime = self.runtime;
         tokio::spawn(pump_requests::<Req>(
             self.body,
             frames,
             first_tx,
             self.max_message,
+            runtime,
         ));
-        if let Ok(Err(status)) = first.await {
-            return error_response(&Status::unknown(status.message()));
+        if let Ok(Err(status)) = first.await
+            && runtime == Runtime::V1
+        {
+            return error_response(&Status::unknown(status.message()), runtime);
         }
         let body = http_body_util::StreamBody::new(ReceiverStream::new(queued));
         let decoder = tonic_prost::ProstCodec::<Req, Req>::default().decoder();
@@ -390,8 +403,8 @@ impl Call {
         let mut request = tonic::Request::new(requests);
         *request.metadata_mut() = json::metadata(&self.headers);
         match call(request).await {
-            Ok(response) => json::stream_response(response.into_inner()).await,
-            Err(status) => json::stream_failed(&status),
+            Ok(response) => json::stream_response(response.into_inner(), runtime).await,
+            Err(status) => json::stream_failed(&status, runtime),
         }
     }
 }
@@ -405,6 +418,7 @@ async fn pump_requests<Req>(
     frames: mpsc::Sender<Frame>,
     first: oneshot::Sender<Result<(), Status>>,
     max_message: usize,
+    runtime: Runtime,
 ) where
     Req: DeserializeOwned + prost::Message + Default,
 {
@@ -424,7 +438,7 @@ async fn pump_requests<Req>(
         let mut failure = None;
         for value in values.by_ref() {
             match value {
-                Ok(value) => match json::from_value::<Req>(value) {
+                Ok(value) => match json::from_value::<Req>(value, runtime) {
                     Ok(message) => decoded.push(message),
                     Err(status) => {
                         failure = Some(status);

@@ -165,6 +165,8 @@ async fn serve<B: Backend>(
         quota_backend_bytes: config.quota_backend_bytes,
         auto_compaction: config.auto_compaction()?,
         keep_alives_in_memory: cluster_options.is_none(),
+        txn_checks: config.txn_checks(),
+        compaction_hashes: crate::config::major_minor(&config.emulated_etcd_version) >= (3, 6),
     };
     let store = Arc::new(Store::open_with(backend, options).await?);
     let cluster = match cluster_options {
@@ -221,6 +223,8 @@ async fn serve<B: Backend>(
         progress_interval: config.watch_progress_notify_interval,
         max_response_bytes: config.max_request_bytes,
         refuse_negative_start: config.watch_refuses_negative_start(),
+        progress_without_watchers: crate::config::major_minor(&config.emulated_etcd_version)
+            < (3, 6),
     };
 
     let listeners = listeners::bind(&config, serving.tls.as_ref()).await?;

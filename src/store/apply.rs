@@ -25,12 +25,29 @@ use crate::proto::mvccpb::{Event, KeyValue, event::EventType};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The two passes of etcd's Txn checks: every Put of the chosen branches is
-/// checked before any Range.
+/// The order in which etcd checks the ops of a Txn's chosen branches before
+/// it writes; the first failed check is the answer, so the order decides
+/// which error a Txn with several faults gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TxnChecks {
+    /// etcd 3.5 (applierV3backend.Txn): every Put first (its key for the
+    /// ignore flags, then its lease), then every Range's revision.
+    #[default]
+    Etcd35,
+    /// etcd 3.6 and later (checkTxn in server/etcdserver/txn): each op in
+    /// its order, a Put's lease before its key.
+    Etcd36,
+}
+
+/// A pass of etcd's Txn checks over the chosen branches.
 #[derive(Clone, Copy)]
 enum Check {
+    /// etcd 3.5's first pass: the Puts.
     Puts,
+    /// etcd 3.5's second pass: the Ranges.
     Ranges,
+    /// etcd 3.6's one pass: every op in order.
+    InOrder,
 }
 
 /// Which branch each Txn took: the top one, then its nested Txns in order.
@@ -47,18 +64,22 @@ pub struct Applier<'a, T> {
     /// The request's time (Unix milliseconds), for lease deadlines: taken
     /// when it was queued, so that replicas applying it later agree.
     now_ms: i64,
+    /// The order of a Txn's checks.
+    checks: TxnChecks,
     /// The events of this request, in the order they happened.
     pub events: Vec<Event>,
 }
 
 impl<'a, T: WriteTxn> Applier<'a, T> {
-    /// An applier for a request made at `now_ms` that follows revision `begin`.
-    pub fn new(txn: &'a mut T, begin: i64, compact: i64, now_ms: i64) -> Self {
+    /// An applier for a request made at `now_ms` that follows revision
+    /// `begin`, checking a Txn in the order `checks`.
+    pub fn new(txn: &'a mut T, begin: i64, compact: i64, now_ms: i64, checks: TxnChecks) -> Self {
         Applier {
             txn,
             begin,
             compact,
             now_ms,
+            checks,
             events: Vec::new(),
         }
     }
@@ -91,8 +112,13 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
     /// A Txn: compares, then checks of the chosen branches, then the writes.
     pub async fn txn(&mut self, req: &TxnRequest) -> StoreResult<TxnResponse> {
         let path = self.choose_path(req).await?;
-        self.check_branch(req, &path, Check::Puts).await?;
-        self.check_branch(req, &path, Check::Ranges).await?;
+        match self.checks {
+            TxnChecks::Etcd35 => {
+                self.check_branch(req, &path, Check::Puts).await?;
+                self.check_branch(req, &path, Check::Ranges).await?;
+            }
+            TxnChecks::Etcd36 => self.check_branch(req, &path, Check::InOrder).await?,
+        }
         let mut resp = self.apply_txn(req, &path).await?;
         resp.header = Some(header(self.revision()));
         Ok(resp)
@@ -153,7 +179,11 @@ impl<'a, T: WriteTxn> Applier<'a, T> {
                         self.check_ignore_flags(put).await?;
                         self.check_lease(put).await?;
                     }
-                    (Some(Request::RequestRange(range)), Check::Ranges) => {
+                    (Some(Request::RequestPut(put)), Check::InOrder) => {
+                        self.check_lease(put).await?;
+                        self.check_ignore_flags(put).await?;
+                    }
+                    (Some(Request::RequestRange(range)), Check::Ranges | Check::InOrder) => {
                         // Unlike a plain Range, a negative revision is checked as it is.
                         if range.revision > self.begin {
                             return Err(StoreError::FutureRevision);

@@ -93,10 +93,16 @@ pub struct KvHash {
 
 /// etcd HashKV on one consistent view. `revision` 0 means current; a
 /// revision at or below the compact revision, or above the current one, is
-/// refused as etcd refuses it (note: at the compact revision too, unlike Range).
-pub async fn hash_kv<T: ReadTxn>(txn: &mut T, revision: i64) -> StoreResult<KvHash> {
+/// refused as etcd 3.5 refuses it (note: at the compact revision too, unlike
+/// Range); with `at_compact`, the compact revision itself is hashed, as etcd
+/// 3.6 and later do.
+pub async fn hash_kv<T: ReadTxn>(
+    txn: &mut T,
+    revision: i64,
+    at_compact: bool,
+) -> StoreResult<KvHash> {
     let revs = txn.revisions().await?;
-    if revision > 0 && revision <= revs.compact {
+    if revision > 0 && (revision < revs.compact || (revision == revs.compact && !at_compact)) {
         return Err(StoreError::Compacted);
     }
     if revision > revs.current {

@@ -9,6 +9,7 @@
 pub mod alarm;
 mod apply;
 mod background;
+mod compaction_hashes;
 #[cfg(test)]
 mod conformance;
 mod count_cache;
@@ -34,6 +35,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use self::alarm::Quota;
+pub use self::apply::TxnChecks;
 pub use self::background::auto_compaction::{self, AutoCompaction};
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
@@ -80,6 +82,11 @@ pub struct StoreOptions {
     /// only writer. Off for a cluster member, whose leases change through
     /// the replicated log.
     pub keep_alives_in_memory: bool,
+    /// The order of a Txn's checks: the emulated etcd's.
+    pub txn_checks: TxnChecks,
+    /// Keep the HashKV of each compaction's revision and answer HashKV at
+    /// the compact revision, as etcd 3.6 and later do (`compaction_hashes`).
+    pub compaction_hashes: bool,
 }
 
 /// An etcd key-value store on a database.
@@ -99,6 +106,8 @@ pub struct Store<B: Backend> {
     quota: Quota,
     /// Set while the compactor's last step failed for a full datastore.
     compaction_out_of_space: Arc<AtomicBool>,
+    /// The HashKV of the latest compactions, when kept as etcd 3.6 keeps them.
+    compaction_hashes: Option<compaction_hashes::CompactionHashes>,
     /// Range counts of committed revisions, reused by later reads.
     counts: CountCache,
     /// Lease deadlines ahead of the database, when keep-alives are answered
@@ -139,6 +148,7 @@ impl<B: Backend> Store<B> {
             queue_rx,
             publisher.clone(),
             lease_deadlines.clone(),
+            options.txn_checks,
         );
         let writes = Writes::new(&queue);
         let compaction_out_of_space = Arc::new(AtomicBool::new(false));
@@ -162,6 +172,9 @@ impl<B: Backend> Store<B> {
             member_id: AtomicU64::new(identity.member_id),
             quota: Quota::new(options.quota_backend_bytes),
             compaction_out_of_space,
+            compaction_hashes: options
+                .compaction_hashes
+                .then(compaction_hashes::CompactionHashes::default),
             counts: CountCache::default(),
             lease_deadlines,
             leader_leases,
@@ -272,10 +285,18 @@ impl<B: Backend> Store<B> {
         Ok(self.backend.size().await?)
     }
 
-    /// etcd HashKV: a digest of the keys as of `revision` (0: current).
+    /// etcd HashKV: a digest of the keys as of `revision` (0: current); at
+    /// a compaction's revision, the digest taken before it, when kept.
     pub async fn hash_kv(&self, revision: i64) -> StoreResult<hash::KvHash> {
         let mut txn = self.backend.read().await?;
-        hash::hash_kv(&mut txn, revision).await
+        let Some(kept) = &self.compaction_hashes else {
+            return hash::hash_kv(&mut txn, revision, false).await;
+        };
+        if let Some(mut hashed) = kept.at(revision) {
+            hashed.current = txn.revisions().await?.current;
+            return Ok(hashed);
+        }
+        hash::hash_kv(&mut txn, revision, true).await
     }
 
     /// etcd Hash: a digest of the whole store, with the revision it is at.
@@ -349,7 +370,19 @@ impl<B: Backend> Store<B> {
 
     /// etcd Compact. With `physical` it returns once the history is gone.
     pub async fn compact(&self, req: &CompactionRequest) -> StoreResult<CompactionResponse> {
+        // The digest of the history the compaction removes, taken before it
+        // (a revision the compaction will refuse has none).
+        let before = match &self.compaction_hashes {
+            Some(_) => {
+                let mut txn = self.backend.read().await?;
+                hash::hash_kv(&mut txn, req.revision, false).await.ok()
+            }
+            None => None,
+        };
         let resp = self.write_for(WriteRequest::Compact(req.revision)).await?;
+        if let (Some(kept), Some(before)) = (&self.compaction_hashes, before) {
+            kept.record(before);
+        }
         if req.physical {
             let mut revisions = self.revisions.clone();
             let done = revisions.wait_for(|r| r.compacted_through >= req.revision);

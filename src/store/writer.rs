@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::alarm;
-use super::apply::{self, Applier};
+use super::apply::{self, Applier, TxnChecks};
 use super::error::{StoreError, StoreResult};
 use super::hub::RevisionEvents;
 use super::lease_deadlines::{self, LeaseDeadlines};
@@ -39,8 +39,9 @@ pub fn start<B: Backend>(
     queue: mpsc::Receiver<Queued>,
     publisher: Arc<Publisher<B>>,
     deadlines: Option<Arc<LeaseDeadlines>>,
+    checks: TxnChecks,
 ) -> JoinHandle<()> {
-    let run = run(backend.clone(), queue, publisher, deadlines);
+    let run = run(backend.clone(), queue, publisher, deadlines, checks);
     if backend.works_on_calling_thread() {
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || runtime.block_on(run))
@@ -97,6 +98,7 @@ async fn run<B: Backend>(
     mut queue: mpsc::Receiver<Queued>,
     publisher: Arc<Publisher<B>>,
     deadlines: Option<Arc<LeaseDeadlines>>,
+    checks: TxnChecks,
 ) {
     // On a database other instances write too, publishing a commit often
     // reads their revisions first (see `Publisher::committed`): a task does
@@ -128,7 +130,7 @@ async fn run<B: Backend>(
             .as_ref()
             .map(|d| d.to_store(&batch, apply::now_ms()));
         let late = joins_at_lock.then_some(&mut queue);
-        match commit(&*backend, &mut batch, stored.as_ref(), late).await {
+        match commit(&*backend, &mut batch, stored.as_ref(), late, checks).await {
             Ok((answers, now, committed)) => {
                 if let (Some(deadlines), Some(stored)) = (&deadlines, stored) {
                     deadlines.committed(stored, &batch, &answers);
@@ -267,6 +269,7 @@ async fn commit<B: Backend>(
     batch: &mut Vec<Queued>,
     stored: Option<&lease_deadlines::Stored>,
     late: Option<&mut mpsc::Receiver<Queued>>,
+    checks: TxnChecks,
 ) -> anyhow::Result<Committed> {
     let mut txn = backend.write().await?;
     if backend.reads_ahead() {
@@ -312,7 +315,7 @@ async fn commit<B: Backend>(
         if let WriteRequest::Alarm { .. } = queued.request {
             alarms = None;
         }
-        let answer = apply(&mut txn, &mut revs, queued, &mut committed).await;
+        let answer = apply(&mut txn, &mut revs, queued, &mut committed, checks).await;
         if let Err(StoreError::Backend(error)) = answer {
             return Err(error);
         }
@@ -392,8 +395,9 @@ async fn apply<T: WriteTxn>(
     revs: &mut Revisions,
     queued: &Queued,
     committed: &mut Vec<RevisionEvents>,
+    checks: TxnChecks,
 ) -> StoreResult<WriteResponse> {
-    let mut applier = Applier::new(txn, revs.current, revs.compact, queued.at_ms);
+    let mut applier = Applier::new(txn, revs.current, revs.compact, queued.at_ms, checks);
     let response = match &queued.request {
         WriteRequest::Put(req) => WriteResponse::Put(applier.put(req).await?),
         WriteRequest::DeleteRange(req) => {

@@ -47,6 +47,11 @@ pub struct SessionOptions {
     /// Refuse a watch from a negative revision, as etcd 3.5.24, 3.6.6 and
     /// later do (as compacted); earlier ones take it.
     pub refuse_negative_start: bool,
+    /// Answer a progress request on a stream without watchers, as etcd 3.5
+    /// does; etcd 3.7 sends its progress through a watcher, so a stream
+    /// without one gets no answer (progressIfSync in
+    /// server/storage/mvcc/watchable_store.go).
+    pub progress_without_watchers: bool,
 }
 
 struct Watcher {
@@ -178,6 +183,11 @@ impl<B: Backend> WatchSession<B> {
                     self.send(response(latest, cancel.watch_id, |r| r.canceled = true))
                         .await?;
                 }
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_))
+                if self.watchers.is_empty() && !self.options.progress_without_watchers =>
+            {
                 Ok(())
             }
             Some(RequestUnion::ProgressRequest(_)) => {

@@ -1,5 +1,6 @@
-//! The reference server: real etcd 3.5.1, a single member on 127.0.0.1 with
-//! its data in a tempdir.
+//! The reference server: real etcd (the oracle, 3.7.3 or 3.5.1, see
+//! `reference_binaries::oracle`), a single member on 127.0.0.1 with its data
+//! in a tempdir.
 
 use std::path::Path;
 
@@ -7,7 +8,17 @@ use tempfile::TempDir;
 
 use super::client::{ClientTls, local_addr, local_url};
 use super::process::{PORT_RETRIES, Proc, free_port};
-use super::reference_binaries::etcd_bin;
+use super::reference_binaries::{etcd_bin, oracle};
+
+/// The oracle's flag for the interval of watch progress notifications:
+/// 3.6 and later removed 3.5's `--experimental-` name.
+pub fn progress_notify_interval_flag() -> &'static str {
+    if oracle().is_36_or_later() {
+        "--watch-progress-notify-interval"
+    } else {
+        "--experimental-watch-progress-notify-interval"
+    }
+}
 
 /// The command line of one real etcd member: its name, data dir, client and peer URLs
 /// (listened on and advertised) and the `--initial-cluster` it founds with.
@@ -44,7 +55,7 @@ pub fn etcd_member_args(
     .collect()
 }
 
-/// Real etcd 3.5.1, a single member on 127.0.0.1 with its data in a tempdir.
+/// Real etcd (the oracle), a single member on 127.0.0.1 with its data in a tempdir.
 pub struct Etcd {
     proc: Proc,
     client_port: u16,

@@ -1,13 +1,14 @@
 //! Shared harness for the integration tests: starts the cetera binary and real etcd
-//! 3.5.1 as child processes on free local ports, waits until they answer gRPC, finds
+//! (the oracle: 3.7.3, or 3.5.1 with `CETERA_TEST_ETCD=3.5`) as child processes on free local ports, waits until they answer gRPC, finds
 //! the reference etcdctl binaries, and compares cetera with etcd step by step.
 //!
 //! # Layout
 //!
 //! - `process`: a server child process with its log, free ports, readiness, signals.
 //! - `cetera_server`: [`Cetera`], the server under test on a fresh datastore.
-//! - `etcd_server`: [`Etcd`], the reference etcd 3.5.1, one member.
-//! - `reference_binaries`: where etcd and etcdctl 3.5/3.4 are; skip or fail without them.
+//! - `etcd_server`: [`Etcd`], the reference etcd (the oracle), one member.
+//! - `reference_binaries`: which etcd is the oracle; where etcd, etcdctl and etcdutl
+//!   3.7/3.5 and etcdctl 3.4 are; skip or fail without them.
 //! - `etcdctl`: running etcdctl, and normalizing its output for comparison.
 //! - `client`: a gRPC [`channel`] to a server, and [`ClientTls`] for TLS servers.
 //! - `watch_stream`: [`WatchStream`], a raw Watch stream with queued requests.
@@ -53,10 +54,10 @@ pub use self::{
     cetera_server::{Cetera, cluster_mode},
     client::{ClientTls, channel},
     differential::{Side, WAIT, differential, self_check},
-    etcd_server::Etcd,
+    etcd_server::{Etcd, progress_notify_interval_flag},
     etcdctl::{normalize_etcdctl, run_etcdctl, run_etcdctl_with_stdin},
     process::free_port,
-    reference_binaries::{etcd_bin, etcdctl_34, etcdctl_35, in_ci},
+    reference_binaries::{Oracle, etcd_bin, etcdctl_34, etcdctl_35, in_ci, oracle},
     show::{header_rev, outcome, show, show_event, show_kv, show_watch_response},
     watch_stream::WatchStream,
 };

@@ -63,11 +63,20 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Spawns `program` with `args`, its output going to `log`. The cetera
+    /// binary gets the environment the oracle asks for
+    /// ([`cetera_env`](super::reference_binaries::cetera_env)).
     pub fn spawn(program: &Path, args: &[String], log: PathBuf) -> Proc {
         let out = File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
         let err = out.try_clone().expect("clone log file handle");
+        let env = if program == super::cetera_server::cetera_bin() {
+            super::reference_binaries::cetera_env()
+        } else {
+            Vec::new()
+        };
         let child = Command::new(program)
             .args(args)
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
