@@ -681,7 +681,14 @@ for ((i = 0; i < MEMBERS; i++)); do
         etcd) pattern='"level":"(error|fatal|panic)"' ;;
         kine) pattern='level=(error|fatal|panic)' ;;
     esac
-    if grep -E "$pattern" "$WORK/ds$i/server.log" >"$WORK/ds$i/errors.txt"; then
+    # openraft logs a peer that did not answer (the killed member, or a heartbeat late on a
+    # loaded machine) at ERROR, where etcd warns: counted and shown, not failed on.
+    raft_net='openraft::.*(Unreachable node|NetworkError|timeout after|did not answer|timeout while)'
+    grep -E "$pattern" "$WORK/ds$i/server.log" | grep -E "$raft_net" >"$WORK/ds$i/raft-network.txt" || true
+    if [[ -s $WORK/ds$i/raft-network.txt ]]; then
+        log "note: $(wc -l <"$WORK/ds$i/raft-network.txt") openraft ERROR lines about unreachable or late peers in member $i's log"
+    fi
+    if grep -E "$pattern" "$WORK/ds$i/server.log" | grep -v -E "$raft_net" >"$WORK/ds$i/errors.txt"; then
         fail "$(wc -l <"$WORK/ds$i/errors.txt") error lines in datastore member $i's log: $(head -3 "$WORK/ds$i/errors.txt")"
     else
         ok "no error in datastore member $i's log"
