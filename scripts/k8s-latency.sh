@@ -64,7 +64,7 @@ import json, math, re, sys
 
 LINE = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-MUTATING = {"POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"}
+MUTATING = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
 
 
 def buckets(text, metric, key):
@@ -143,6 +143,7 @@ print("|---|---|---|---|")
 for r in runs:
     print(f"| {r['label']} | {r['seconds']} | {r['datastore_cpu_s']:.1f} | {r['datastore_write_bytes'] / 1e6:.1f} |")
 EOF
+echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)" >>"$OUT/latency.md"
 cat "$OUT/latency.md"
 echo "written to $OUT/latency.md" >&2
 exit $status
