@@ -9,7 +9,10 @@
 #   2. the suites that compare cetera with a real etcd again, with etcd 3.5.1
 #      as the oracle (CETERA_TEST_ETCD=3.5: cetera reports 3.5.13 and answers
 #      as a 3.5 does), on SQLite;
-#   3. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh);
+#   3. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh), and a
+#      real Kubernetes control plane (kube-apiserver, controller manager, scheduler,
+#      KWOK nodes) on cetera on SQLite under load and a restart
+#      (scripts/k8s-control-plane.sh, on the debug build);
 #   4. the differential suites again with every server a follower of a
 #      3-member replicated cluster (CETERA_TEST_CLUSTER=1), but for 3 tests
 #      of single-server behaviour (restarts, Status/MemberList of one server);
@@ -40,6 +43,10 @@ CETERA_TEST_ETCD=3.5 cargo nextest run --workspace --no-fail-fast -E "$ORACLE_SU
 
 echo "=== etcd3gw 2.7.0's own tests (a client of etcd's JSON gateway)"
 scripts/etcd3gw-suite.sh || status=1
+
+echo "=== a Kubernetes v1.37.2 control plane on cetera (SQLite)"
+cargo build --quiet --bin cetera
+CETERA_BIN=${CARGO_TARGET_DIR:-target}/debug/cetera scripts/k8s-control-plane.sh || status=1
 
 echo "=== differential suites against a follower of a 3-member cluster"
 CLUSTER_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(kubernetes) | binary(range_stream)'
