@@ -2,7 +2,7 @@
 # Does a server answer a put before the fdatasync that makes it durable has ended?
 # etcd 3.5.0-3.5.4 with one member can (etcd-io/etcd#14370, fixed in 3.5.5); etcd
 # 3.4 and cetera wait. That overlap is why a one-member etcd 3.5.1 answers a
-# single client's put faster than its disk syncs (BENCHMARKS.md, issue 28).
+# single client's put faster than its disk syncs (docs/benchmarks/write-path.md).
 #
 # Starts a fresh server (data dir under BENCH_TMP, default /var/tmp), sends 300
 # puts from one client (cetera-bench, one at a time) to warm it up, then 300 more

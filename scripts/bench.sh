@@ -2,7 +2,7 @@
 # Side-by-side benchmark: cetera (SQLite, synchronous=FULL; or PostgreSQL or MySQL
 # with --backend) against real etcd 3.5.1 (default fsync), both on this machine, with
 # equal durability: every acknowledged write is fsynced by both (a one-member etcd
-# 3.5.1 may answer before its fsync ends: BENCHMARKS.md, "Writes, measured again").
+# 3.5.1 may answer before its fsync ends: docs/benchmarks/write-path.md, "Writes, measured again").
 #
 # For every case, it starts a fresh etcd and then a fresh cetera (new data dir in a
 # temp dir on disk, free 127.0.0.1 ports), fills them if the case needs it, and runs

@@ -309,8 +309,8 @@ async fn json_api(etcd: &Target, cetera: &Target) {
         ("/v3/maintenance/status", "{}"),
         ("/v3/maintenance/hash", "{}"),
         ("/v3/maintenance/defragment", "{}"),
-        // Member changes on a lone server are cetera's own refusal (README,
-        // "Replicated mode"), not the gateway's: only the list is compared.
+        // Member changes on a lone server are cetera's own refusal
+        // (docs/api-coverage.md), not the gateway's: only the list is compared.
         ("/v3/cluster/member/list", "{}"),
         ("/v3/lease/grant", r#"{"TTL":"60","ID":"8192"}"#),
         ("/v3/lock/lock", r#"{"name":"bXlsb2Nr","lease":"8192"}"#),

@@ -6,8 +6,8 @@ log (src/backend/sqlite/record_log.rs) takes each second's writes into
 SQLite as one batch. In WAL mode, today's, a batch's rows are written twice
 (the WAL, then the checkpoint); in rollback-journal mode a page appended
 past the end of the file is written once, which is the copy the byte
-targets at 400 puts/s and at saturation need gone (BENCHMARKS.md, "What is
-still above etcd"). The price: a rollback commit takes SQLite's EXCLUSIVE
+targets at 400 puts/s and at saturation need gone (BENCHMARKS.md, "What bounds
+the targets not met"). The price: a rollback commit takes SQLite's EXCLUSIVE
 lock, which waits for every reader to finish and keeps new readers out
 meanwhile (its PENDING lock), where WAL readers never wait. This measures
 that price.

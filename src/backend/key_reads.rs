@@ -31,9 +31,9 @@ use super::{CurrentRange, CurrentRangeQuery, Revisions};
 use crate::proto::mvccpb::KeyValue;
 
 /// A read that comes while a statement of gathered reads runs waits for the
-/// next statement (one at a time gathers more keys into each: BENCHMARKS.md,
-/// issue 30, 24-30% more Ranges at two instances on one PostgreSQL
-/// database), unless that statement has run this long: then it starts a
+/// next statement (one at a time gathers more keys into each:
+/// docs/benchmarks/shared-database.md, 24-30% more Ranges at two instances
+/// on one PostgreSQL database), unless that statement has run this long: then it starts a
 /// second beside it, so that a slow one (a large value, a network hop) does
 /// not hold every one-key read behind it. Never more than two run at once.
 const SECOND_STATEMENT_AFTER: Duration = Duration::from_millis(1);

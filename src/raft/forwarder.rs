@@ -2,12 +2,12 @@
 //!
 //! A follower used to forward each write in a peer call of its own, so at
 //! many clients it made a call per write where the leader, gathering them,
-//! wrote one entry per many (BENCHMARKS.md, "Replicated mode: proposals
+//! wrote one entry per many (docs/benchmarks/replicated.md, "Replicated mode: proposals
 //! gathered into entries": 1.1x etcd's puts through a follower against 1.4x
 //! through the leader). The forwarder sends the proposals that wait for a
 //! leader in one `ForwardSeveral` call, gathered as the leader's proposer
 //! gathers entries, one call at a time per leader: what comes while a call
-//! is out goes in the next (BENCHMARKS.md, "A follower's writes forwarded
+//! is out goes in the next (docs/benchmarks/replicated.md, "A follower's writes forwarded
 //! together": one call in flight did better than four). A leader that does
 //! not know the call (an older cetera answers `Unimplemented`, having
 //! delivered nothing) gets each proposal in a `Forward` call of its own, as

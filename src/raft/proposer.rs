@@ -7,7 +7,7 @@
 //! time and puts the proposals that came meanwhile into the next one
 //! together (`Proposals`), as etcd's raft appends every proposal that came
 //! since its last Ready at once. (Two entries in flight did no better in
-//! BENCHMARKS.md's run, "Replicated mode: proposals gathered into entries",
+//! the run of docs/benchmarks/replicated.md, "Replicated mode: proposals gathered into entries",
 //! and synced more often.) Entries of several go into the log only once
 //! every member has said it reads them (`ENTRY_FORMAT`); until then each
 //! proposal is an entry of its own, as before.

@@ -261,7 +261,7 @@ type Committed = (
 /// waited for the counters' lock join `batch` once it holds it: on a shared
 /// database that wait is another instance's commit, and without them each
 /// instance's commit would carry about half of its clients' requests (see
-/// BENCHMARKS.md, "Why two instances do less than one").
+/// docs/benchmarks/shared-database.md, "Why two instances do less than one").
 async fn commit<B: Backend>(
     backend: &B,
     batch: &mut Vec<Queued>,

@@ -3,7 +3,7 @@
 //! A put is a log row and a `kv` row. Sent one statement each, MariaDB
 //! spent about 0.1 ms of CPU per put, most of it the fixed cost of a
 //! statement; one multi-row statement for a batch's log rows and one for
-//! its `kv` changes cost it a quarter of that (BENCHMARKS.md, issue 30).
+//! its `kv` changes cost it a quarter of that (docs/benchmarks/sql-backends.md).
 
 use std::collections::BTreeMap;
 

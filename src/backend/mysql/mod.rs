@@ -67,7 +67,7 @@ const STATEMENT_CACHE: usize = 64;
 /// say otherwise, as on PostgreSQL. mysql_async's own default (10 to 100)
 /// let 64 clients' Ranges run as 64 MariaDB threads on the same cores:
 /// 10-20% fewer Ranges and puts a second and p99 twice as long
-/// (BENCHMARKS.md, issue 30).
+/// (docs/benchmarks/shared-database.md, "MySQL's pool").
 const POOL: PoolConstraints = match PoolConstraints::new(10, 16) {
     Some(pool) => pool,
     None => panic!("pool_min above pool_max"),

@@ -232,7 +232,7 @@ async fn query_current_key(
 /// statement: the counters' row left-joined with the keys' rows, so one row
 /// with no key when none exists. MariaDB reads the counters and a key by
 /// primary key before it plans the rest, and the statement costs it about
-/// half a UNION ALL's server CPU (BENCHMARKS.md, issue 30). One key goes as the prepared statement a
+/// half a UNION ALL's server CPU (docs/benchmarks/sql-backends.md). One key goes as the prepared statement a
 /// lone read has always used; several as text, with the keys as literals (a
 /// prepared statement for each number of keys would crowd the connection's
 /// statement cache).

@@ -4,7 +4,7 @@
 //! statement with a CTE), PostgreSQL's work per put was mostly the fixed cost
 //! of a statement; a batch's log rows in one `INSERT ... SELECT FROM
 //! unnest(...)` and its `kv` changes in one more cost about 0.6 of it in a
-//! pgbench model of a batch of 16 puts (BENCHMARKS.md, issue 30).
+//! pgbench model of a batch of 16 puts (docs/benchmarks/sql-backends.md).
 
 use std::collections::BTreeMap;
 

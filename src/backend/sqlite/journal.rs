@@ -19,7 +19,7 @@
 //! Compaction's steps ride in the batch, and the rows they remove are
 //! deleted by the batch's commit, in id order: SQLite writes every page a
 //! commit changed, freed ones included, so a step per commit wrote the
-//! log's pages several times over (BENCHMARKS.md, issue 28).
+//! log's pages several times over (docs/benchmarks/compaction.md).
 //!
 //! Readers use their own connections, which see only committed batches: the
 //! changes committed since, the unapplied changes, are kept in memory here
@@ -59,7 +59,7 @@ use crate::proto::mvccpb::KeyValue;
 
 /// Age at which a batch is applied. The prototype measured 100 ms and 1 s:
 /// longer batches write each hot page of the log once for more rows
-/// (BENCHMARKS.md, issue 28).
+/// (docs/benchmarks/record-log.md).
 pub(super) const APPLY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Record bytes at which a batch is applied however young: bounds the memory
@@ -69,7 +69,7 @@ pub(super) const APPLY_BYTES: usize = 16 << 20;
 /// Rows compaction removed at which a batch is applied however young: a
 /// write that waits behind the batch's commit waits for their deletes and
 /// the pages they free. Measured on a compaction of 118k rows of 1 KiB
-/// (BENCHMARKS.md, issue 28): 4,096 kept the longest put beside it to 45 ms
+/// (docs/benchmarks/compaction.md): 4,096 kept the longest put beside it to 45 ms
 /// and wrote 272 MB; 16,384 wrote 222 MB with puts of up to 200 ms; no cap
 /// 157 MB.
 pub(super) const APPLY_REMOVALS: usize = 4_096;

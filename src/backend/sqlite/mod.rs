@@ -388,7 +388,7 @@ fn open_journal(path: &Path, writer: &Connection) -> anyhow::Result<Option<Arc<J
 /// record log makes commits durable and SQLite takes them in batches: the
 /// batch's new pages are then written once, into the database file, where
 /// WAL mode writes each page twice, to the WAL and at the checkpoint
-/// (BENCHMARKS.md, issue 28); readers let go of the database while a batch
+/// (docs/benchmarks/record-log.md); readers let go of the database while a batch
 /// commits (`journal`). `WAL` elsewhere: where every write commits to SQLite
 /// itself (a member of a cluster, whose Raft log is the durable record), as
 /// readers then never wait. Changing out of WAL needs the database to
@@ -490,8 +490,8 @@ impl Backend for Sqlite {
     /// Commits stop going through the record log and reach SQLite only in
     /// the journal's batches, each second or so, as etcd's backend commits
     /// every 100 ms: a commit one entry at a time wrote each page it
-    /// changed to the WAL, and again at the checkpoint (BENCHMARKS.md,
-    /// issue 28, replicated mode). WAL mode with synchronous=NORMAL: a
+    /// changed to the WAL, and again at the checkpoint
+    /// (docs/benchmarks/replicated.md). WAL mode with synchronous=NORMAL: a
     /// batch's commit is then consistent after a power loss but may be
     /// lost, and the WAL is synced only by checkpoints and `make_durable`.
     async fn defer_durability(&self) -> BackendResult<()> {
@@ -589,7 +589,7 @@ pub(crate) const PAGE_SIZE: i64 = 4096;
 /// Page size of a new server file, whose rows reach SQLite in batches from
 /// the record log (see `journal`), in bytes: a batch appends whole pages of
 /// rows, and a page of 8 KiB holds seven rows of a 1 KiB value where one of
-/// 4 KiB holds three. Measured against 4 KiB (BENCHMARKS.md, issue 28):
+/// 4 KiB holds three. Measured against 4 KiB (docs/benchmarks/record-log.md):
 /// 0.1 KB less per put at 400 puts/s and saturated, and less in the
 /// Kubernetes soak; more at 10 puts/s, where a batch's fixed pages (the
 /// last leaf, the counters, page 1, each also copied to the journal)

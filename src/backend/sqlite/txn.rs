@@ -608,7 +608,7 @@ impl WriteTxn for SqliteWrite {
 /// Removes the log rows `ids`, in id order. SQLite writes every page a
 /// commit changed, freed ones included, but not a page a B-tree rebalance
 /// frees before anything changed it; deleting in id order leaves about half
-/// of the emptied pages so (BENCHMARKS.md, issue 28).
+/// of the emptied pages so (docs/benchmarks/compaction.md).
 pub(super) fn delete_rows(
     conn: &Connection,
     ids: impl IntoIterator<Item = i64>,
