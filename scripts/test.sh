@@ -5,7 +5,9 @@
 # from crates.io if missing):
 #   1. unit tests (each backend's conformance suite included) and the
 #      integration tests on SQLite;
-#   2. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh);
+#   2. Kubernetes' own storage tests (k8s.io/apiserver's etcd3 and cacher
+#      packages) with a fresh cetera per test (tools/k8s-tests/run.sh), and
+#      etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh);
 #   3. the differential suites again with every server a follower of a
 #      3-member replicated cluster (CETERA_TEST_CLUSTER=1), but for 3 tests
 #      of single-server behaviour (restarts, Status/MemberList of one server);
@@ -27,6 +29,10 @@ reachable() { timeout 2 bash -c "</dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 status=0
 echo "=== unit tests, and integration tests on SQLite"
 cargo nextest run --workspace --no-fail-fast "$@" || status=1
+
+echo "=== Kubernetes' storage tests (k8s.io/apiserver etcd3 and cacher) on cetera, SQLite"
+# tools/k8s-tests/run.sh: a fresh cetera per test, the binary the tests above built.
+CETERA_BIN=target/debug/cetera tools/k8s-tests/run.sh --server cetera --backend sqlite || status=1
 
 echo "=== etcd3gw 2.7.0's own tests (a client of etcd's JSON gateway)"
 scripts/etcd3gw-suite.sh || status=1

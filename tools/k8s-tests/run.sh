@@ -8,7 +8,8 @@
 #
 # --server etcd runs the same binary on the embedded etcd 3.7.3 of the original
 # testserver package (the baseline). --backend postgres|mysql gives each test a fresh
-# database on the local PostgreSQL / MariaDB (cetera only). --run passes -test.run.
+# database on the server CETERA_TEST_POSTGRES_URL / CETERA_TEST_MYSQL_URL names (as the
+# integration tests; default the local ones), cetera only. --run passes -test.run.
 # The cetera binary is $CETERA_BIN, else the newer of target/release/cetera and
 # target/debug/cetera.
 #
@@ -18,9 +19,14 @@
 # change) and run with -test.parallel 1. Output: target/k8s-tests/logs/, one summary line
 # per suite; the exit status is 1 if any test failed.
 #
-# Changes to the copied tests, each the smallest that removes a dependence on etcd's
-# internals, apply to both servers so the counts compare:
-#   (none yet)
+# Changes to the copied tests and their runs (docs/kubernetes-tests.md), applied on both
+# servers so the counts compare:
+#   - etcd3's compact_test.go waits 500 ms instead of 100 ms for the compactor to finish a
+#     cycle (kine's CI makes the same change): a cycle is a Txn and a Compact, each a
+#     durable commit; the test's etcd skips fsync and runs in the test's process, cetera
+#     commits to SQLite, PostgreSQL or MariaDB, which on a loaded machine exceeds 100 ms;
+#   - the cacher's TestGet runs with -test.parallel 8, not 1: its subtests call t.Parallel()
+#     on purpose, and one at a time three of them fail on etcd as on cetera.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 APISERVER_VERSION=v0.37.2
@@ -57,6 +63,8 @@ if [[ "$(cat "$BIN/.stamp" 2>/dev/null)" != "$stamp" ]]; then
     cd "$COPY"
     grep -rlF 'k8s.io/apiserver/pkg/storage/etcd3/testserver' pkg/ \
         | xargs sed -i 's|k8s.io/apiserver/pkg/storage/etcd3/testserver|cetera.invalid/k8s-tests/testserver|'
+    sed -i 's|waitTimeout = 100 \* waitDelay|waitTimeout = 500 * waitDelay|' pkg/storage/etcd3/compact_test.go
+    grep -q 'waitTimeout = 500 \* waitDelay' pkg/storage/etcd3/compact_test.go
     go mod edit \
         -require=cetera.invalid/k8s-tests/testserver@v0.0.0 \
         -replace=cetera.invalid/k8s-tests/testserver="$ROOT/tools/k8s-tests/testserver" \
@@ -79,8 +87,8 @@ if [[ $server == cetera ]]; then
     export CETERA_BIN
     case $backend in
         sqlite) unset CETERA_TEST_ENDPOINT ;;
-        postgres) export CETERA_TEST_ENDPOINT=postgres://postgres@127.0.0.1:5432/ ;;
-        mysql) export CETERA_TEST_ENDPOINT=mysql://root@127.0.0.1:3306/ ;;
+        postgres) export CETERA_TEST_ENDPOINT=${CETERA_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432} ;;
+        mysql) export CETERA_TEST_ENDPOINT=${CETERA_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306} ;;
         *) echo "--backend: sqlite, postgres or mysql" >&2; exit 2 ;;
     esac
     export CETERA_TEST_SERVER=cetera
@@ -96,7 +104,15 @@ for s in "${suites[@]}"; do
     echo "=== $s tests on $label (log: $log)"
     args=(-test.v -test.count 1 -test.parallel 1 -test.timeout "${K8S_TESTS_TIMEOUT:-60m}")
     [[ -n $run ]] && args+=(-test.run "$run")
-    (cd "$COPY/pkg/storage/$s" && "$BIN/$s.test" "${args[@]}") > "$log" 2>&1 || status=1
+    if [[ $s == cacher ]]; then
+        (cd "$COPY/pkg/storage/$s" && "$BIN/$s.test" "${args[@]}" -test.skip '^TestGet$') > "$log" 2>&1 || status=1
+        if [[ -z $run || TestGet =~ $run ]]; then
+            (cd "$COPY/pkg/storage/$s" && "$BIN/$s.test" "${args[@]}" -test.run '^TestGet$' -test.parallel 8) \
+                >> "$log" 2>&1 || status=1
+        fi
+    else
+        (cd "$COPY/pkg/storage/$s" && "$BIN/$s.test" "${args[@]}") > "$log" 2>&1 || status=1
+    fi
     # Leaf results: a test or subtest that has no subtests of its own.
     python3 - "$log" "$s" "$label" <<'PY'
 import re, sys

@@ -194,7 +194,7 @@ func stop(cmd *exec.Cmd, exited <-chan struct{}) {
 }
 
 // databaseFor returns cetera's --endpoint for one test: a SQLite file in dir, or, when
-// CETERA_TEST_ENDPOINT names a PostgreSQL or MySQL server (a URL ending in "/"), a
+// CETERA_TEST_ENDPOINT names a PostgreSQL or MySQL server (a URL without a database), a
 // database of its own on it, named after dir, which cetera creates and the returned
 // function drops.
 func databaseFor(dir string) (string, func() error, error) {
