@@ -9,9 +9,11 @@
 #   2. the suites that compare cetera with a real etcd again, with etcd 3.5.1
 #      as the oracle (CETERA_TEST_ETCD=3.5: cetera reports 3.5.13 and answers
 #      as a 3.5 does), on SQLite;
-#   3. etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh), and a
-#      real Kubernetes control plane (kube-apiserver, controller manager, scheduler,
-#      KWOK nodes) on cetera on SQLite under load and a restart
+#   3. Kubernetes' own storage tests (k8s.io/apiserver's etcd3 and cacher
+#      packages) with a fresh cetera per test (tools/k8s-tests/run.sh),
+#      etcd3gw's own test suite against one cetera (scripts/etcd3gw-suite.sh),
+#      and a real Kubernetes control plane (kube-apiserver, controller manager,
+#      scheduler, KWOK nodes) on cetera on SQLite under load and a restart
 #      (scripts/k8s-control-plane.sh, on the debug build);
 #   4. the differential suites again with every server a follower of a
 #      3-member replicated cluster (CETERA_TEST_CLUSTER=1), but for 3 tests
@@ -40,6 +42,10 @@ echo "=== the suites that compare with etcd, against etcd 3.5.1"
 # and those whose answers depend on the version cetera reports.
 ORACLE_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(maintenance) | binary(gateway) | binary(etcdctl) | binary(etcd_flags) | binary(etcd_logins) | binary(etcd_snapshot) | binary(hash_kv) | binary(range_stream) | binary(downgrade) | binary(kubernetes) | binary(tls) | binary(quota) | binary(auto_compaction) | binary(metrics)'
 CETERA_TEST_ETCD=3.5 cargo nextest run --workspace --no-fail-fast -E "$ORACLE_SUITES" "$@" || status=1
+
+echo "=== Kubernetes' storage tests (k8s.io/apiserver etcd3 and cacher) on cetera, SQLite"
+# tools/k8s-tests/run.sh: a fresh cetera per test, the binary the tests above built.
+CETERA_BIN=target/debug/cetera tools/k8s-tests/run.sh --server cetera --backend sqlite || status=1
 
 echo "=== etcd3gw 2.7.0's own tests (a client of etcd's JSON gateway)"
 scripts/etcd3gw-suite.sh || status=1
