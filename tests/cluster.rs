@@ -1374,10 +1374,17 @@ async fn a_join_that_cannot_catch_up_fails_and_changes_nothing() {
         .try_start_member(newcomer)
         .await
         .expect_err("a member the leader cannot reach joined");
+    let refusal = log
+        .lines()
+        .find(|line| line.contains("the leader could not bring this member up to date"))
+        .unwrap_or_else(|| panic!("no refusal in the newcomer's log:\n{log}"));
+    // One sentence, as an operator reads it: no runs of spaces from a
+    // string continued across source lines.
     assert!(
-        log.contains("the leader could not bring this member up to date"),
-        "{log}"
+        refusal.contains(" did not answer for 10s (it holds the log up to index "),
+        "{refusal}"
     );
+    assert!(!refusal.contains("  "), "{refusal}");
     assert!(started.elapsed() < Duration::from_secs(60));
     // The membership is as it was, and the cluster keeps its fault
     // tolerance: with one member down, writes go on.
