@@ -405,7 +405,7 @@ impl<B: Backend> Store<B> {
         let mut clashes = 0;
         loop {
             req.id = self.lease_ids.next(self.identity().member_id);
-            match self.write_for(WriteRequest::LeaseGrant(req.clone())).await {
+            match self.write_for(WriteRequest::LeaseGrant(req)).await {
                 Err(StoreError::LeaseExists) if clashes < MAX_LEASE_ID_CLASHES => clashes += 1,
                 answer => return answer,
             }

@@ -27,7 +27,7 @@ impl GrantedIds {
     }
 
     /// The server's id for a stand-in; other ids as they are.
-    fn to_server(&self, id: i64) -> i64 {
+    fn server_id(&self, id: i64) -> i64 {
         usize::try_from(id - LEASE_SLOT)
             .ok()
             .and_then(|n| self.0.get(n))
@@ -36,7 +36,7 @@ impl GrantedIds {
     }
 
     /// The stand-in for a server's id; other ids as they are.
-    fn from_server(&self, id: i64) -> i64 {
+    fn stand_in(&self, id: i64) -> i64 {
         match self.0.iter().position(|&granted| granted == id) {
             Some(n) if id != 0 => LEASE_SLOT + n as i64,
             _ => id,
@@ -46,7 +46,7 @@ impl GrantedIds {
     /// A Put's lease and the LEASE compares of a Txn, nested ones too, as
     /// this server's ids.
     pub fn put_lease(&self, lease: &mut i64) {
-        *lease = self.to_server(*lease);
+        *lease = self.server_id(*lease);
     }
 
     /// As `put_lease`, for a Txn.
@@ -61,7 +61,7 @@ impl GrantedIds {
 
     fn compare(&self, compare: &mut Compare) {
         if let Some(TargetUnion::Lease(lease)) = &mut compare.target_union {
-            *lease = self.to_server(*lease);
+            *lease = self.server_id(*lease);
         }
     }
 
@@ -76,7 +76,7 @@ impl GrantedIds {
     /// The lease of each of `kvs` as its stand-in.
     pub fn kvs<'a>(&self, kvs: impl IntoIterator<Item = &'a mut KeyValue>) {
         for kv in kvs {
-            kv.lease = self.from_server(kv.lease);
+            kv.lease = self.stand_in(kv.lease);
         }
     }
 
