@@ -119,6 +119,8 @@ pub mod migrate;
 /// The generated etcd v3 and peer protocol types, from the `cetera-proto` crate.
 pub use cetera_proto as proto;
 pub(crate) mod raft;
+/// For the binary's log filter: openraft's reports of single failed calls.
+pub use raft::is_per_call_report as is_openraft_per_call_report;
 pub mod restore;
 pub mod server;
 pub(crate) mod store;

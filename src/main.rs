@@ -2,7 +2,10 @@
 //! SIGTERM, or runs a one-off command such as `cetera restore` or `cetera migrate`.
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use cetera::config::etcd::{LoadError, Note};
 use cetera::config::{Command, Config, LogFormat};
@@ -113,14 +116,23 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     let writer = outputs.unwrap_or_else(|| BoxMakeWriter::new(std::io::stderr));
     // Colours only for a person at a terminal, not in files or journals.
     let colour = only_stderr && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(writer);
-    match config.log_format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let layer = match config.log_format {
+        LogFormat::Plain => layer.boxed(),
+        LogFormat::Json => layer.json().boxed(),
+    };
+    // openraft's line per failed peer call: the peer connections log a lost
+    // peer once instead (see cetera::is_openraft_per_call_report).
+    let quiet = tracing_subscriber::filter::filter_fn(|metadata: &tracing::Metadata<'_>| {
+        !cetera::is_openraft_per_call_report(metadata)
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(quiet)
+        .with(layer)
+        .init();
     Ok(())
 }
 

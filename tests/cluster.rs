@@ -1374,10 +1374,17 @@ async fn a_join_that_cannot_catch_up_fails_and_changes_nothing() {
         .try_start_member(newcomer)
         .await
         .expect_err("a member the leader cannot reach joined");
+    let refusal = log
+        .lines()
+        .find(|line| line.contains("the leader could not bring this member up to date"))
+        .unwrap_or_else(|| panic!("no refusal in the newcomer's log:\n{log}"));
+    // One sentence, as an operator reads it: no runs of spaces from a
+    // string continued across source lines.
     assert!(
-        log.contains("the leader could not bring this member up to date"),
-        "{log}"
+        refusal.contains(" did not answer for 10s (it holds the log up to index "),
+        "{refusal}"
     );
+    assert!(!refusal.contains("  "), "{refusal}");
     assert!(started.elapsed() < Duration::from_secs(60));
     // The membership is as it was, and the cluster keeps its fault
     // tolerance: with one member down, writes go on.
@@ -1390,21 +1397,107 @@ async fn a_join_that_cannot_catch_up_fails_and_changes_nothing() {
     c.put("after", "v", None).await.unwrap();
 }
 
+/// What a member that lost its leader answers, once its Status names no
+/// leader (waited for up to 15 s): etcd's version, then `/health` and
+/// `/health?serializable=true` as status code and body.
+async fn leaderless_answers(endpoint: &str) -> (String, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let version = loop {
+        match status(endpoint).await {
+            Some(shown) if shown.leader == 0 => break shown.version,
+            shown => assert!(
+                Instant::now() < deadline,
+                "{endpoint} still names a leader: {shown:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let address = endpoint.trim_start_matches("http://");
+    let health = |path: &'static str| async move {
+        let (code, body) = common::http::get(address, path).await.unwrap();
+        format!("{code} {}", body.trim_end())
+    };
+    (
+        version,
+        health("/health").await,
+        health("/health?serializable=true").await,
+    )
+}
+
+/// A follower cut off from both its peers says it has no leader as etcd
+/// does: its Status names none (etcd's raft forgets its leader when it
+/// stands, an election timeout after the leader fell silent), and `/health`
+/// answers 503 `RAFT NO LEADER` at once rather than after a read timed out.
+/// `/health?serializable=true` skips the leader check from etcd 3.5.3 on
+/// (health.go, checkLeader) and reads locally, so a cut-off member stays
+/// healthy there (etcd 3.5.1 ignores the parameter): cetera emulates 3.5.13
+/// by default. etcd's follower is cut off by stopping its peers (SIGSTOP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_names_no_leader_as_etcd_does() {
+    let Some(mut etcd) = common::etcd_cluster::EtcdCluster::start(3).await else {
+        return;
+    };
+    let leader = etcd.leader().await;
+    let follower = (leader + 1) % 3;
+    let peers: Vec<usize> = (0..3).filter(|i| *i != follower).collect();
+    for &i in &peers {
+        etcd.pause(i);
+    }
+    let (etcd_version, etcd_health, etcd_serializable) =
+        leaderless_answers(&etcd.endpoints()[follower]).await;
+    for &i in &peers {
+        etcd.resume(i);
+    }
+    drop(etcd);
+
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader(&[], Duration::from_secs(5)).await;
+    let follower = (leader + 1) % 3;
+    cluster.isolate(follower);
+    let (_, health, serializable) = leaderless_answers(&cluster.members[follower].endpoint()).await;
+    assert_eq!(health, etcd_health);
+    assert_eq!(
+        health,
+        r#"503 {"health":"false","reason":"RAFT NO LEADER"}"#
+    );
+    let skips_leader_check = !etcd_version.starts_with("3.5.")
+        || etcd_version["3.5.".len()..]
+            .parse::<u32>()
+            .is_ok_and(|patch| patch >= 3);
+    if skips_leader_check {
+        assert_eq!(serializable, etcd_serializable);
+    }
+    assert_eq!(serializable, r#"200 {"health":"true","reason":""}"#);
+}
+
+/// A peer cut off is logged once when it becomes unreachable and once when
+/// it answers again, not once per failed call: over a 12 s cut the leader
+/// and the cut-off member write a few lines, where openraft alone writes
+/// hundreds a second (each failed append and heartbeat, each leadership
+/// check of a linearizable read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
     let cluster = Cluster::start(3).await;
     let leader = cluster.leader(&[], Duration::from_secs(5)).await;
     let follower = (leader + 1) % 3;
+    let third = (leader + 2) % 3;
     let term_before = status(&cluster.members[leader].endpoint())
         .await
         .unwrap()
         .raft_term;
     let leader_id = cluster.member_id(leader).await;
 
+    let lines_before = [leader, follower].map(|i| cluster.members[i].log().lines().count());
     cluster.isolate(follower);
     // Long enough for openraft's own elections to raise the term ten times.
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Linearizable reads on the leader meanwhile: each one checks its
+    // leadership with both followers, and one of them never answers.
     let mut c = member_client(&cluster, leader).await;
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        c.get("cut", None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     cluster.heal(follower);
     let mut slowest = Duration::ZERO;
     let until = Instant::now() + Duration::from_secs(3);
@@ -1417,6 +1510,48 @@ async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
     }
     eprintln!("slowest of {i} writes after the member came back: {slowest:?}");
     converges(&cluster, follower, leader, "back-").await;
+    // The leader lost the follower, and the follower both others: each
+    // logged once lost and once back, and little else.
+    let peer_url = |i: usize| cluster.members[i].peer_url.clone();
+    let lost = [
+        (leader, lines_before[0], vec![peer_url(follower)]),
+        (
+            follower,
+            lines_before[1],
+            vec![peer_url(leader), peer_url(third)],
+        ),
+    ];
+    for (member, before, peers) in lost {
+        let log = cluster.members[member].log();
+        let new: Vec<&str> = log.lines().skip(before).collect();
+        let shown = new.join("\n");
+        for peer in peers {
+            let count = |text: &str| {
+                new.iter()
+                    .filter(|line| line.contains(text) && line.contains(&peer))
+                    .count()
+            };
+            assert_eq!(
+                count("peer is unreachable"),
+                1,
+                "member {member}, {peer}:\n{shown}"
+            );
+            assert_eq!(
+                count("peer answers again"),
+                1,
+                "member {member}, {peer}:\n{shown}"
+            );
+        }
+        eprintln!(
+            "member {member} wrote {} lines over the cut:\n{shown}",
+            new.len()
+        );
+        assert!(
+            new.len() <= 20,
+            "member {member} wrote {} lines:\n{shown}",
+            new.len()
+        );
+    }
     for member in 0..3 {
         let shown = status(&cluster.members[member].endpoint()).await.unwrap();
         assert_eq!(

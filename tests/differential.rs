@@ -12,15 +12,23 @@
 //! an unknown sort target). Everything else etcd does, quirks included, is the contract.
 //!
 //! Knobs (environment variables):
-//! - `CETERA_DIFF_SEED=N`: run only seed N (test `random_ops_chosen_seed`).
+//! - `CETERA_DIFF_SEED=N`: run only seed N (test `random_ops_chosen_seed`); with
+//!   `CETERA_DIFF_LEASES=1`, with leases.
 //! - `CETERA_DIFF_OPS=N`: operations per seed (default 1000).
 //! - `CETERA_DIFF_VERBOSE=1`: print every request and response.
 //! - `CETERA_DIFF_KEEP_GOING=1`: after a mismatch on a read-only request, report it and
 //!   go on (a mismatching write ends the seed, since the stores have diverged).
 //! - `CETERA_DIFF_SELF_CHECK=1`: compare etcd with a second etcd instead of cetera; it
 //!   must pass, which shows the generated requests are deterministic.
+//!
+//! The `random_ops_with_leases_*` seeds also grant leases (ids chosen by the servers),
+//! put keys with them and compare keys' LEASE with them (`leases`), so that the order
+//! of the ids each server hands out counts, as it does for a client comparing LEASE
+//! with GREATER or LESS.
 
 mod common;
+#[path = "differential/leases.rs"]
+mod leases;
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -28,12 +36,13 @@ use std::time::Duration;
 use cetera::proto::etcdserverpb::range_request::SortTarget;
 use cetera::proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, Compare, DeleteRangeRequest, DeleteRangeResponse,
-    PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseHeader, TxnRequest,
-    TxnResponse, compare::TargetUnion, kv_client::KvClient, request_op::Request as Op,
-    response_op::Response as OpResponse,
+    LeaseGrantRequest, LeaseGrantResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    RequestOp, ResponseHeader, TxnRequest, TxnResponse, compare::TargetUnion, kv_client::KvClient,
+    lease_client::LeaseClient, request_op::Request as Op, response_op::Response as OpResponse,
 };
 use cetera::proto::mvccpb::KeyValue;
 use common::{Cetera, Etcd};
+use leases::{GrantedIds, LEASE_SLOT};
 use tonic::transport::{Channel, Endpoint};
 
 /// Small key space, sorted, with binary keys at both ends of the byte range.
@@ -61,6 +70,9 @@ const VALUES: [&[u8]; 5] = [b"x", b"y", b"\x00", b"\xff\x00", b"long value long 
 /// A lease id that was never granted.
 const NO_SUCH_LEASE: i64 = 0x1234_5678;
 
+/// The TTL of the leases the generator grants: none expires while a seed runs.
+const LEASE_TTL: i64 = 3600;
+
 /// etcd's defaults: `--max-txn-ops` and `--max-request-bytes`.
 const MAX_TXN_OPS: usize = 128;
 const MAX_REQUEST_BYTES: usize = 1_572_864;
@@ -75,10 +87,17 @@ enum Subject {
     Etcd(Etcd),
 }
 
-/// Both servers, fresh, with a KV client each. The servers live as long as the pair.
+/// The clients of one server, and the lease ids it chose.
+struct Clients {
+    kv: KvClient<Channel>,
+    lease: LeaseClient<Channel>,
+    leases: GrantedIds,
+}
+
+/// Both servers, fresh, with clients each. The servers live as long as the pair.
 struct Pair {
-    etcd: KvClient<Channel>,
-    subject: KvClient<Channel>,
+    etcd: Clients,
+    subject: Clients,
     subject_name: &'static str,
     servers: (Etcd, Subject),
 }
@@ -87,7 +106,7 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
 }
 
-async fn client(endpoint: String) -> KvClient<Channel> {
+async fn client(endpoint: String) -> Clients {
     let channel = Endpoint::from_shared(endpoint)
         .expect("endpoint URL")
         .connect_timeout(Duration::from_secs(5))
@@ -96,8 +115,12 @@ async fn client(endpoint: String) -> KvClient<Channel> {
         .connect()
         .await
         .expect("connect");
-    // Responses may carry values near the request size limit several times over.
-    KvClient::new(channel).max_decoding_message_size(64 << 20)
+    Clients {
+        // Responses may carry values near the request size limit several times over.
+        kv: KvClient::new(channel.clone()).max_decoding_message_size(64 << 20),
+        lease: LeaseClient::new(channel),
+        leases: GrantedIds::default(),
+    }
 }
 
 /// Starts etcd and the subject with the same extra flags; `None` when etcd is not
@@ -129,6 +152,8 @@ enum Request {
     Delete(DeleteRangeRequest),
     Txn(TxnRequest),
     Compact(CompactionRequest),
+    /// A LeaseGrant with the id left to the server.
+    Grant(LeaseGrantRequest),
 }
 
 #[derive(Debug, PartialEq)]
@@ -138,6 +163,7 @@ enum Response {
     Delete(DeleteRangeResponse),
     Txn(TxnResponse),
     Compact(CompactionResponse),
+    Grant(LeaseGrantResponse),
 }
 
 /// What a server answered: a response, or the gRPC status code and message.
@@ -151,6 +177,7 @@ impl Response {
             Response::Delete(r) => r.header.as_ref(),
             Response::Txn(r) => r.header.as_ref(),
             Response::Compact(r) => r.header.as_ref(),
+            Response::Grant(r) => r.header.as_ref(),
         }
     }
 
@@ -163,6 +190,20 @@ impl Response {
             Response::Delete(r) => clear_header(&mut r.header),
             Response::Txn(r) => normalize_txn(r),
             Response::Compact(r) => clear_header(&mut r.header),
+            Response::Grant(r) => clear_header(&mut r.header),
+        }
+    }
+
+    /// Replaces the lease ids `server` chose with their stand-ins (a grant's id is
+    /// recorded first).
+    fn name_leases(&mut self, server: &mut GrantedIds) {
+        match self {
+            Response::Range(r) => server.kvs(&mut r.kvs),
+            Response::Put(r) => server.kvs(&mut r.prev_kv),
+            Response::Delete(r) => server.kvs(&mut r.prev_kvs),
+            Response::Txn(r) => server.txn_response(r),
+            Response::Compact(_) => {}
+            Response::Grant(r) => r.id = server.granted(r.id),
         }
     }
 }
@@ -188,7 +229,13 @@ fn normalize_txn(txn: &mut TxnResponse) {
     }
 }
 
-async fn send(kv: &mut KvClient<Channel>, request: Request) -> Outcome {
+async fn send(clients: &mut Clients, mut request: Request) -> Outcome {
+    match &mut request {
+        Request::Put(r) => clients.leases.put_lease(&mut r.lease),
+        Request::Txn(r) => clients.leases.txn(r),
+        _ => {}
+    }
+    let kv = &mut clients.kv;
     let result = match request {
         Request::Range(r) => kv.range(r).await.map(|r| Response::Range(r.into_inner())),
         Request::Put(r) => kv.put(r).await.map(|r| Response::Put(r.into_inner())),
@@ -201,10 +248,16 @@ async fn send(kv: &mut KvClient<Channel>, request: Request) -> Outcome {
             .compact(r)
             .await
             .map(|r| Response::Compact(r.into_inner())),
+        Request::Grant(r) => clients
+            .lease
+            .lease_grant(r)
+            .await
+            .map(|r| Response::Grant(r.into_inner())),
     };
     match result {
         Ok(mut response) => {
             response.normalize();
+            response.name_leases(&mut clients.leases);
             Ok(response)
         }
         Err(status) => Err((status.code(), status.message().to_string())),
@@ -480,6 +533,11 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// etcd's answers) so that it can aim at old, current, compacted and future revisions.
 struct Generator {
     rng: Rng,
+    /// Whether leases are granted, put with and compared with; off, the sequence of a
+    /// seed is what it was before leases were.
+    with_leases: bool,
+    /// Leases granted so far (stand-ins `LEASE_SLOT..LEASE_SLOT + granted`).
+    granted: i64,
     /// Current store revision (an empty etcd is at 1).
     rev: i64,
     /// Last successful compaction revision, 0 if none.
@@ -490,9 +548,11 @@ struct Generator {
 }
 
 impl Generator {
-    fn new(seed: u64) -> Generator {
+    fn new(seed: u64, with_leases: bool) -> Generator {
         Generator {
             rng: Rng(seed),
+            with_leases,
+            granted: 0,
             rev: 1,
             compacted: 0,
             fresh_keys: None,
@@ -508,10 +568,19 @@ impl Generator {
             if let Request::Compact(c) = request {
                 self.compacted = self.compacted.max(c.revision);
             }
+            if let Request::Grant(_) = request {
+                self.granted += 1;
+            }
         }
     }
 
     fn request(&mut self) -> Request {
+        if self.with_leases && self.rng.percent(4) {
+            return Request::Grant(LeaseGrantRequest {
+                ttl: LEASE_TTL,
+                id: 0,
+            });
+        }
         match self.rng.below(100) {
             0..25 => Request::Put(self.put()),
             25..50 => Request::Range(self.range()),
@@ -666,7 +735,15 @@ impl Generator {
             // provided").
             p.lease = NO_SUCH_LEASE;
         }
+        if self.with_leases && self.granted > 0 && self.rng.percent(40) {
+            p.lease = self.granted_lease();
+        }
         p
+    }
+
+    /// The stand-in for one of the leases granted so far (there is one).
+    fn granted_lease(&mut self) -> i64 {
+        LEASE_SLOT + self.rng.below(self.granted as u64) as i64
     }
 
     fn delete(&mut self) -> DeleteRangeRequest {
@@ -695,6 +772,9 @@ impl Generator {
             1 => TargetUnion::CreateRevision(self.some_revision()),
             2 => TargetUnion::ModRevision(self.some_revision()),
             3 => TargetUnion::Value(self.value()),
+            _ if self.with_leases && self.granted > 0 && self.rng.percent(60) => {
+                TargetUnion::Lease(self.granted_lease())
+            }
             _ => TargetUnion::Lease(if self.rng.percent(70) {
                 0
             } else {
@@ -992,16 +1072,16 @@ fn chosen_seed() -> Option<u64> {
         .map(|v| v.parse().expect("CETERA_DIFF_SEED must be a number"))
 }
 
-/// Runs one seed's random sequence on fresh servers; panics at the first mismatch (or,
-/// with CETERA_DIFF_KEEP_GOING, at the end, listing all).
-async fn run_seed(seed: u64) {
+/// Runs one seed's random sequence on fresh servers, with leases or not; panics at the
+/// first mismatch (or, with CETERA_DIFF_KEEP_GOING, at the end, listing all).
+async fn run_seed(seed: u64, with_leases: bool) {
     let Some(mut pair) = start_pair(&[]).await else {
         return;
     };
     let ops = ops_per_seed();
     let verbose = env_flag("CETERA_DIFF_VERBOSE");
     let keep_going = env_flag("CETERA_DIFF_KEEP_GOING");
-    let mut generator = Generator::new(seed);
+    let mut generator = Generator::new(seed, with_leases);
     let mut mismatches = Vec::new();
     // What etcd answered, by kind: shows whether the generator reaches every case.
     let mut tally = std::collections::BTreeMap::<String, usize>::new();
@@ -1018,7 +1098,8 @@ async fn run_seed(seed: u64) {
         if expected != actual {
             let context = format!(
                 "seed {seed}, op #{i} of {ops}; reproduce with CETERA_DIFF_SEED={seed} \
-                 CETERA_DIFF_OPS={} cargo nextest run --test differential",
+                 CETERA_DIFF_LEASES={} CETERA_DIFF_OPS={} cargo nextest run --test differential",
+                u8::from(with_leases),
                 i + 1
             );
             let report = pair.mismatch(&context, &request, &expected, &actual);
@@ -1055,6 +1136,7 @@ fn outcome_kind(request: &Request, outcome: &Outcome) -> String {
         Request::Delete(_) => "DeleteRange",
         Request::Txn(_) => "Txn",
         Request::Compact(_) => "Compact",
+        Request::Grant(_) => "LeaseGrant",
     };
     match outcome {
         Ok(Response::Txn(t)) => format!("{name} ok, succeeded={}", t.succeeded),
@@ -1068,28 +1150,32 @@ fn outcome_kind(request: &Request, outcome: &Outcome) -> String {
 /// One test per seed so that they run in parallel and fail independently; each skips
 /// when CETERA_DIFF_SEED picks another seed.
 macro_rules! seed_tests {
-    ($($name:ident = $seed:expr;)*) => {$(
+    ($($name:ident = $seed:expr, $with_leases:expr;)*) => {$(
         #[tokio::test]
         async fn $name() {
             if chosen_seed().is_none() {
-                run_seed($seed).await;
+                run_seed($seed, $with_leases).await;
             }
         }
     )*};
 }
 
 seed_tests! {
-    random_ops_seed_1 = 1;
-    random_ops_seed_2 = 2;
-    random_ops_seed_3 = 3;
-    random_ops_seed_4 = 4;
-    random_ops_seed_5 = 5;
+    random_ops_seed_1 = 1, false;
+    random_ops_seed_2 = 2, false;
+    random_ops_seed_3 = 3, false;
+    random_ops_seed_4 = 4, false;
+    random_ops_seed_5 = 5, false;
+    random_ops_with_leases_seed_1 = 1, true;
+    random_ops_with_leases_seed_2 = 2, true;
+    random_ops_with_leases_seed_3 = 3, true;
 }
 
+/// `CETERA_DIFF_SEED`, with leases when `CETERA_DIFF_LEASES=1`.
 #[tokio::test]
 async fn random_ops_chosen_seed() {
     if let Some(seed) = chosen_seed() {
-        run_seed(seed).await;
+        run_seed(seed, env_flag("CETERA_DIFF_LEASES")).await;
     }
 }
 

@@ -596,3 +596,35 @@ async fn lease_keeps_remaining_time_across_restart() {
     );
     assert_eq!(remaining(&mut lease, id).await, Some(-1));
 }
+
+/// Five grants in a row with the id left to the server: etcd's ids increase
+/// (its id generator: member id bits, start time, counter), and so do
+/// cetera's, across a restart too, so that a Txn comparing LEASE with
+/// GREATER or LESS answers the same (tests/differential.rs compares such
+/// Txns).
+#[tokio::test]
+async fn server_chosen_lease_ids_increase_as_etcds_do() {
+    async fn grants(endpoint: &str) -> Vec<i64> {
+        let mut lease = LeaseClient::new(common::channel(endpoint).await);
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            let granted = lease
+                .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+                .await
+                .expect("grant");
+            ids.push(granted.into_inner().id);
+        }
+        ids
+    }
+    let increasing = |ids: &[i64]| ids[0] > 0 && ids.windows(2).all(|w| w[0] < w[1]);
+    let Some(etcd) = common::Etcd::start().await else {
+        return;
+    };
+    let on_etcd = grants(&etcd.endpoint()).await;
+    assert!(increasing(&on_etcd), "etcd: {on_etcd:x?}");
+    let mut cetera = Cetera::start().await;
+    let mut on_cetera = grants(&cetera.endpoint()).await;
+    cetera.restart().await;
+    on_cetera.extend(grants(&cetera.endpoint()).await);
+    assert!(increasing(&on_cetera), "cetera: {on_cetera:x?}");
+}

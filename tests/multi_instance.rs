@@ -655,3 +655,37 @@ async fn writes_queued_behind_the_lock_share_one_commit() {
         "the writes queued behind the lock were committed apart"
     );
 }
+
+/// Lease ids the instances choose: each instance's increase (etcd's
+/// generator: prefix, start time, counter), and no two instances, nor an
+/// instance before and after a restart, hand out the same id, however the
+/// grants interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_choose_distinct_increasing_lease_ids() {
+    if !shared_backend() {
+        return;
+    }
+    let mut a = Cetera::start().await;
+    let b = Cetera::start_on(a.datastore_endpoint()).await;
+    let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
+    let mut on_b = Client::connect([b.endpoint()], None).await.unwrap();
+    let (mut from_a, mut from_b) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        from_a.push(on_a.lease_grant(600, None).await.unwrap().id());
+        from_b.push(on_b.lease_grant(600, None).await.unwrap().id());
+    }
+    assert!(from_a.windows(2).all(|w| w[0] < w[1]), "{from_a:x?}");
+    assert!(from_b.windows(2).all(|w| w[0] < w[1]), "{from_b:x?}");
+    a.restart().await;
+    let mut on_a = Client::connect([a.endpoint()], None).await.unwrap();
+    let mut after_restart = Vec::new();
+    for _ in 0..40 {
+        after_restart.push(on_a.lease_grant(600, None).await.unwrap().id());
+    }
+    assert!(after_restart.windows(2).all(|w| w[0] < w[1]));
+    let mut all: Vec<i64> = [from_a, from_b, after_restart].concat();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 120, "an id was handed out twice");
+    assert!(all.iter().all(|id| *id > 0));
+}

@@ -12,9 +12,11 @@
 //! PKCS#8, EC private keys in PKCS#8 (SEC1 `EC PRIVATE KEY` files are
 //! refused: convert with `openssl pkcs8 -topk8 -nocrypt`), public keys as
 //! SubjectPublicKeyInfo or a certificate, HMAC secrets as the private key
-//! file's bytes. With a private key the public half is derived from it (a
-//! `pub-key` is then not used); with only a public key tokens are verified
-//! but none can be issued.
+//! file's bytes; an empty file is no key. With a private key the public half
+//! is derived from it (a `pub-key` given too must be that half, as etcd
+//! checks); with only a public key tokens are verified but none can be
+//! issued. The options are read before the datastore is opened, so a bad one
+//! stops the server with nothing created.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -45,6 +47,9 @@ pub enum TokenOptionsError {
     /// A method etcd takes that cetera's JWT crate cannot do.
     #[error("sign-method {0} is not supported by cetera (use ES256, ES384, RS*, PS* or HS*)")]
     NotSupportedHere(String),
+    /// Both keys given, and the public one is not the private one's.
+    #[error("auth: public and private keys don't match")]
+    KeyMismatch,
     /// A key file that does not hold a key of the method's kind.
     #[error("{0}")]
     BadKey(String),
@@ -130,14 +135,15 @@ impl JwtTokens {
             None => DEFAULT_TTL,
         };
         let read = |name: &str| -> Result<Option<Vec<u8>>, TokenOptionsError> {
-            option(name)
-                .map(|path| {
-                    std::fs::read(path).map_err(|error| {
-                        tracing::error!(%path, %error, "problem loading JWT options");
-                        TokenOptionsError::InvalidOptions
-                    })
-                })
-                .transpose()
+            let Some(path) = option(name) else {
+                return Ok(None);
+            };
+            let bytes = std::fs::read(path).map_err(|error| {
+                tracing::error!(%path, %error, "problem loading JWT options");
+                TokenOptionsError::InvalidOptions
+            })?;
+            // An empty file is no key, as in etcd (`auth: missing key data`).
+            Ok(Some(bytes).filter(|bytes| !bytes.is_empty()))
         };
         let public = read("pub-key")?;
         let private = read("priv-key")?;
@@ -216,8 +222,70 @@ impl JwtTokens {
     }
 }
 
+/// jwt-go's errors for key files, which etcd prints as they are (as
+/// golang-jwt v5 spells them, in etcd 3.6 on; 3.5's jwt-go capitalises
+/// them).
+const NOT_PEM: &str = "invalid key: Key must be a PEM encoded PKCS1 or PKCS8 key";
+const NOT_RSA_PRIVATE: &str = "key is not a valid RSA private key";
+const NOT_RSA_PUBLIC: &str = "key is not a valid RSA public key";
+const NOT_EC_PRIVATE: &str = "key is not a valid ECDSA private key";
+const NOT_EC_PUBLIC: &str = "key is not a valid ECDSA public key";
+
 fn bad_key(what: &str, error: impl std::fmt::Display) -> TokenOptionsError {
-    TokenOptionsError::BadKey(format!("{what}: {error}"))
+    TokenOptionsError::BadKey(format!("{what} ({error})"))
+}
+
+/// The first PEM block of a key file (text around it is skipped, as Go's
+/// pem.Decode skips it); jwt-go's error when there is none.
+fn pem_block(pem: &[u8]) -> Result<x509_parser::pem::Pem, TokenOptionsError> {
+    match x509_parser::pem::Pem::iter_from_buffer(pem).next() {
+        Some(Ok(block)) => Ok(block),
+        _ => Err(TokenOptionsError::BadKey(NOT_PEM.to_string())),
+    }
+}
+
+/// The private key of a key file that has a PEM block.
+fn private_der(pem: &[u8], not_valid: &str) -> Result<PrivateKeyDer<'static>, TokenOptionsError> {
+    pem_block(pem)?;
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| bad_key(not_valid, e))
+}
+
+/// The public key bits of a public key file (SubjectPublicKeyInfo, a
+/// certificate, or for RSA a PKCS#1 `RSA PUBLIC KEY`), if the key is of
+/// `kind` (an algorithm OID of the SubjectPublicKeyInfo). RSA's bits are its
+/// PKCS#1 DER and EC's the point, as ring gives a private key's public half.
+fn public_bits(
+    pem: &[u8],
+    kind: &x509_parser::oid_registry::Oid<'static>,
+    not_valid: &str,
+) -> Result<Vec<u8>, TokenOptionsError> {
+    use x509_parser::prelude::FromDer;
+    use x509_parser::x509::SubjectPublicKeyInfo;
+    let block = pem_block(pem)?;
+    let rsa = x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION;
+    if block.label == "RSA PUBLIC KEY" && *kind == rsa {
+        return Ok(block.contents);
+    }
+    let info = match SubjectPublicKeyInfo::from_der(&block.contents) {
+        Ok((_, info)) => info,
+        Err(_) => match x509_parser::parse_x509_certificate(&block.contents) {
+            Ok((_, certificate)) => certificate.tbs_certificate.subject_pki,
+            Err(e) => return Err(bad_key(not_valid, e)),
+        },
+    };
+    if info.algorithm.algorithm != *kind {
+        return Err(TokenOptionsError::BadKey(not_valid.to_string()));
+    }
+    Ok(info.subject_public_key.data.to_vec())
+}
+
+/// etcd's check when both keys are given: the public key must be the
+/// private key's.
+fn matching(derived: &[u8], given: Option<&[u8]>) -> Result<(), TokenOptionsError> {
+    match given {
+        Some(given) if given != derived => Err(TokenOptionsError::KeyMismatch),
+        _ => Ok(()),
+    }
 }
 
 /// RSA keys: sign with the private key, verify with its public half (or
@@ -226,9 +294,16 @@ fn rsa_keys(
     private: Option<Vec<u8>>,
     public: Option<Vec<u8>>,
 ) -> Result<(Option<EncodingKey>, DecodingKey), TokenOptionsError> {
+    // The private key is read first, then the public one, as etcd reads
+    // them (so a file bad in both ways gets etcd's error).
+    let rsa = x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION;
+    let public_of = |public: Option<Vec<u8>>| {
+        public
+            .map(|pem| public_bits(&pem, &rsa, NOT_RSA_PUBLIC))
+            .transpose()
+    };
     if let Some(pem) = private {
-        let signing = EncodingKey::from_rsa_pem(&pem).map_err(|e| bad_key("RSA private key", e))?;
-        let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| bad_key("RSA private key", e))?;
+        let der = private_der(&pem, NOT_RSA_PRIVATE)?;
         let pair = match &der {
             PrivateKeyDer::Pkcs1(key) => {
                 ring::signature::RsaKeyPair::from_der(key.secret_pkcs1_der())
@@ -236,29 +311,36 @@ fn rsa_keys(
             PrivateKeyDer::Pkcs8(key) => {
                 ring::signature::RsaKeyPair::from_pkcs8(key.secret_pkcs8_der())
             }
-            _ => return Err(bad_key("RSA private key", "not an RSA key")),
+            _ => return Err(TokenOptionsError::BadKey(NOT_RSA_PRIVATE.to_string())),
         }
-        .map_err(|e| bad_key("RSA private key", e))?;
+        .map_err(|e| bad_key(NOT_RSA_PRIVATE, e))?;
+        let signing = EncodingKey::from_rsa_pem(&pem).map_err(|e| bad_key(NOT_RSA_PRIVATE, e))?;
         use ring::signature::KeyPair;
-        let verifying = DecodingKey::from_rsa_der(pair.public_key().as_ref());
-        return Ok((Some(signing), verifying));
+        let derived = pair.public_key().as_ref();
+        matching(derived, public_of(public)?.as_deref())?;
+        return Ok((Some(signing), DecodingKey::from_rsa_der(derived)));
     }
-    let pem = public.ok_or(TokenOptionsError::MissingKey)?;
-    let verifying = DecodingKey::from_rsa_pem(&pem).map_err(|e| bad_key("RSA public key", e))?;
-    Ok((None, verifying))
+    let public = public_of(public)?.ok_or(TokenOptionsError::MissingKey)?;
+    Ok((None, DecodingKey::from_rsa_der(&public)))
 }
 
-/// ECDSA keys, as rsa_keys; the curve must be the method's.
+/// ECDSA keys, as rsa_keys; a private key must be of the method's curve.
 fn ec_keys(
     algorithm: Algorithm,
     private: Option<Vec<u8>>,
     public: Option<Vec<u8>>,
 ) -> Result<(Option<EncodingKey>, DecodingKey), TokenOptionsError> {
+    let ec = x509_parser::oid_registry::OID_KEY_TYPE_EC_PUBLIC_KEY;
+    let public_of = |public: Option<Vec<u8>>| {
+        public
+            .map(|pem| public_bits(&pem, &ec, NOT_EC_PUBLIC))
+            .transpose()
+    };
     if let Some(pem) = private {
-        let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| bad_key("EC private key", e))?;
+        let der = private_der(&pem, NOT_EC_PRIVATE)?;
         let PrivateKeyDer::Pkcs8(pkcs8) = &der else {
             return Err(bad_key(
-                "EC private key",
+                NOT_EC_PRIVATE,
                 "only PKCS#8 (BEGIN PRIVATE KEY) is read; convert with `openssl pkcs8 -topk8 -nocrypt`",
             ));
         };
@@ -272,15 +354,15 @@ fn ec_keys(
             pkcs8.secret_pkcs8_der(),
             &ring::rand::SystemRandom::new(),
         )
-        .map_err(|e| bad_key("EC private key (of the sign method's curve)", e))?;
+        .map_err(|e| bad_key(&format!("{NOT_EC_PRIVATE} of the sign method's curve"), e))?;
         use ring::signature::KeyPair;
-        let verifying = DecodingKey::from_ec_der(pair.public_key().as_ref());
+        let derived = pair.public_key().as_ref();
+        matching(derived, public_of(public)?.as_deref())?;
         let signing = EncodingKey::from_ec_der(pkcs8.secret_pkcs8_der());
-        return Ok((Some(signing), verifying));
+        return Ok((Some(signing), DecodingKey::from_ec_der(derived)));
     }
-    let pem = public.ok_or(TokenOptionsError::MissingKey)?;
-    let verifying = DecodingKey::from_ec_pem(&pem).map_err(|e| bad_key("EC public key", e))?;
-    Ok((None, verifying))
+    let public = public_of(public)?.ok_or(TokenOptionsError::MissingKey)?;
+    Ok((None, DecodingKey::from_ec_der(&public)))
 }
 
 #[cfg(test)]
@@ -392,6 +474,22 @@ mod tests {
             error(&[("sign-method", "HS256"), ("priv-key", &key), ("ttl", "5")]),
             "auth: invalid auth options"
         );
-        assert!(error(&[("sign-method", "RS256"), ("priv-key", &key)]).contains("RSA private key"));
+        assert_eq!(
+            error(&[("sign-method", "RS256"), ("priv-key", &key)]),
+            NOT_PEM
+        );
+        // An empty key file is no key, as in etcd.
+        let empty = write(&dir, "empty", b"");
+        for method in ["HS256", "RS256", "ES256"] {
+            assert_eq!(
+                error(&[
+                    ("sign-method", method),
+                    ("priv-key", &empty),
+                    ("pub-key", &empty)
+                ]),
+                "auth: missing key data",
+                "{method}"
+            );
+        }
     }
 }

@@ -57,20 +57,17 @@ pub const BCRYPT_COST: u32 = 10;
 /// The auth settings from the command line.
 #[derive(Clone, Debug)]
 pub struct AuthOptions {
-    /// How long an unused simple token stays valid.
-    pub token_ttl: Duration,
     /// bcrypt cost for new password hashes.
     pub bcrypt_cost: u32,
-    /// etcd's `--auth-token`: `simple` (options after it ignored) or
-    /// `jwt,sign-method=...,priv-key=...,pub-key=...,ttl=...`.
-    pub token: String,
     /// etcd's `--client-cert-auth`: a request without a token is the user
     /// its client certificate names.
     pub client_cert_auth: bool,
 }
 
-/// How this instance issues and reads tokens (etcd's TokenProvider).
-enum TokenProvider {
+/// How this instance issues and reads tokens (etcd's TokenProvider): made
+/// from `--auth-token` before the datastore is opened, so that bad options
+/// stop the server before anything is created.
+pub enum TokenProvider {
     /// Random strings kept in this instance's memory.
     Simple(TokenStore),
     /// Signed, self-contained tokens.
@@ -78,8 +75,14 @@ enum TokenProvider {
 }
 
 impl TokenProvider {
-    /// etcd's NewTokenProvider.
-    fn new(text: &str, simple_ttl: Duration) -> Result<Self, TokenOptionsError> {
+    /// etcd's NewTokenProvider, from `--auth-token` and how long an unused
+    /// simple token lasts.
+    pub fn new(text: &str, simple_ttl: Duration) -> anyhow::Result<Self> {
+        TokenProvider::from_options(text, simple_ttl)
+            .map_err(|e| anyhow::anyhow!("failed to create token provider: {e}"))
+    }
+
+    fn from_options(text: &str, simple_ttl: Duration) -> Result<Self, TokenOptionsError> {
         let (kind, options) = jwt::decompose(text)?;
         match kind.as_str() {
             "simple" => {
@@ -245,13 +248,17 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    /// Loads the auth state from `store`.
-    pub async fn open<B: Backend>(store: &Store<B>, options: AuthOptions) -> anyhow::Result<Self> {
+    /// Loads the auth state from `store`; tokens are issued and read by
+    /// `tokens`.
+    pub async fn open<B: Backend>(
+        store: &Store<B>,
+        tokens: TokenProvider,
+        options: AuthOptions,
+    ) -> anyhow::Result<Self> {
         let state = manage::load_state(store).await?;
         Ok(Auth {
             state: RwLock::new(Arc::new(state)),
-            tokens: TokenProvider::new(&options.token, options.token_ttl)
-                .map_err(|e| anyhow::anyhow!("failed to create token provider: {e}"))?,
+            tokens,
             options,
             changing: tokio::sync::Mutex::new(()),
         })

@@ -5,6 +5,10 @@
 pub const CLUSTER_ID: &str = "cluster_id";
 /// This member's id.
 pub const MEMBER_ID: &str = "member_id";
+/// How many server instances opened the database (on PostgreSQL and
+/// MySQL, which several may share): each takes the next number for the
+/// prefix of the lease ids it chooses.
+pub const LEASE_ID_INSTANCES: &str = "lease_id_instances";
 /// Whether auth is enabled (0 or 1).
 pub const AUTH_ENABLED: &str = "auth_enabled";
 /// etcd's auth revision: counts the changes of users, roles and the switch.

@@ -216,11 +216,14 @@ impl<B: Backend> Endpoints<B> {
             .map(|error| format!("RANGE ERROR:{error}"))
     }
 
+    /// Whether there is a leader as etcd's health check asks: a member that
+    /// has not heard from its leader for an election timeout has none, and
+    /// says so at once instead of waiting for a read to time out.
     fn has_leader(&self) -> bool {
         self.info
             .cluster
             .as_ref()
-            .is_none_or(|cluster| cluster.status().leader.is_some())
+            .is_none_or(|cluster| cluster.has_leader())
     }
 
     /// The read a health check makes: one key, keys only.

@@ -447,11 +447,16 @@ impl Cluster {
         }
     }
 
-    /// Leader, term and log positions as this member sees them.
+    /// Leader, term and log positions as this member sees them. The leader
+    /// is named only while this member has one as far as the etcd API goes
+    /// (`has_leader`): Raft keeps naming a leader it no longer hears from,
+    /// where etcd's raft forgets it once it stands for election, an
+    /// election timeout after the leader fell silent.
     pub fn status(&self) -> RaftStatus {
+        let has_leader = self.has_leader();
         let metrics = self.metrics.borrow();
         RaftStatus {
-            leader: metrics.current_leader,
+            leader: metrics.current_leader.filter(|_| has_leader),
             term: metrics.current_term,
             last_log_index: metrics.last_log_index.unwrap_or(0),
             applied_index: metrics.last_applied.map_or(0, |l| l.index),

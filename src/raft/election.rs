@@ -193,7 +193,15 @@ pub(super) async fn monitor_leader(cluster: Weak<Cluster>) {
             return;
         }
         let in_a_cluster = cluster.members().iter().any(|m| m.id == cluster.id());
-        if cluster.has_leader() || !in_a_cluster {
+        let has_leader = cluster.has_leader();
+        // etcd_server_has_leader follows too: Raft's own view, which the
+        // gauge follows on each change, keeps a leader that fell silent.
+        if in_a_cluster {
+            crate::metrics::metrics()
+                .has_leader
+                .set(i64::from(has_leader));
+        }
+        if has_leader || !in_a_cluster {
             leaderless_checks = 0;
             continue;
         }

@@ -337,7 +337,9 @@ impl Cluster {
             let silent_since = last_answer.unwrap_or(started);
             if silent_since.elapsed() > CATCH_UP_SILENCE {
                 return Err(format!(
-                    "the leader could not bring this member up to date: its peer URL {peer_url}                      {} for {CATCH_UP_SILENCE:?} (it holds the log up to index {held} of                      {target}); the other members must reach this member at that URL",
+                    "the leader could not bring this member up to date: its peer URL {peer_url} \
+                     {} for {CATCH_UP_SILENCE:?} (it holds the log up to index {held} of \
+                     {target}); the other members must reach this member at that URL",
                     if last_answer.is_some() {
                         "stopped answering"
                     } else {
@@ -347,7 +349,8 @@ impl Cluster {
             }
             if started.elapsed() > CATCH_UP_LIMIT {
                 return Err(format!(
-                    "this member did not catch up with the leader within {CATCH_UP_LIMIT:?} (it                      holds the log up to index {held} of {target})"
+                    "this member did not catch up with the leader within {CATCH_UP_LIMIT:?} (it \
+                     holds the log up to index {held} of {target})"
                 ));
             }
         }

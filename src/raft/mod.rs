@@ -23,10 +23,12 @@ mod log_store;
 mod member;
 mod membership;
 mod network;
+mod openraft_reports;
 mod peer;
 mod prober;
 mod proposal;
 mod proposer;
+mod reachability;
 mod state_machine;
 
 use std::io::Cursor;
@@ -35,6 +37,7 @@ pub use self::cluster::{Cluster, ClusterOptions, JoinMode, PeerTls};
 pub use self::leadership::HandoverError;
 pub use self::member::Member;
 pub use self::membership::{MembershipChange, MembershipError};
+pub use self::openraft_reports::is_per_call_report;
 
 openraft::declare_raft_types!(
     /// openraft's types for cetera: proposals in, nothing out (answers travel

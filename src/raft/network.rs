@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::reachability::Reachability;
 use super::{Member, TypeConfig};
 use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;
@@ -84,6 +85,8 @@ pub struct Peers {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// When each peer last answered a call, by peer URL.
     answered: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Which peers stopped answering, for the log.
+    reachability: Arc<Reachability>,
     /// Set once this member's id is final: until then (a joining member
     /// asking for its id) calls are not counted.
     counting: Arc<OnceLock<Counting>>,
@@ -145,6 +148,7 @@ impl Peers {
             source,
             channels: Arc::default(),
             answered: Arc::default(),
+            reachability: Arc::default(),
             counting: Arc::default(),
         }
     }
@@ -249,6 +253,15 @@ impl Peers {
         let counted = self.counted(url);
         if let Some((counting, id)) = counted {
             count_call(counting, id, sent, &answer);
+        }
+        // A refusal is an answer, unless it is the transport's own (tonic's
+        // Unknown `transport error`: the connection broke mid-call).
+        match &answer {
+            Ok(_) => self.reachability.note(url, Ok(())),
+            Err(PeerError::Refused { status, .. }) if status.code() != tonic::Code::Unknown => {
+                self.reachability.note(url, Ok(()))
+            }
+            Err(error) => self.reachability.note(url, Err(error)),
         }
         let payload = answer?;
         self.answered

@@ -21,7 +21,7 @@ use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::require_leader::RequireLeaderLayer;
 use crate::api::watch::WatchService;
-use crate::auth::{Auth, AuthOptions};
+use crate::auth::{Auth, AuthOptions, TokenProvider};
 use crate::backend::Backend;
 use crate::backend::datastore::Datastore;
 use crate::backend::open::{BackendJob, OpenFor, with_datastore};
@@ -44,8 +44,13 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// Opens the datastore named by `config` and serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
-    // Refuse a bad retention before connecting to the database.
+    // Refuse a bad retention or token option before connecting to the
+    // database (or creating its file).
     config.auto_compaction()?;
+    let tokens = TokenProvider::new(
+        &config.auth_token,
+        std::time::Duration::from_secs(config.auth_token_ttl),
+    )?;
     for (gate, on) in config.feature_gates() {
         tracing::info!("feature gate {gate}={on} is etcd's; cetera has no such switch");
     }
@@ -62,7 +67,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> a
         Some(address) => Some(metrics_server::start(address).await?),
         None => None,
     };
-    let serving = Serving { tls, readiness };
+    let serving = Serving {
+        tls,
+        readiness,
+        tokens,
+    };
     let open_for = OpenFor::Serving {
         poll_interval: config.poll_interval,
         replica: config.replicated(),
@@ -147,11 +156,13 @@ fn peer_tls(config: &Config) -> anyhow::Result<Option<PeerTls>> {
     }
 }
 
-/// What `run` prepares before the datastore is open: client TLS, and the
-/// metrics server's readiness, which learns of the store once it is open.
+/// What `run` prepares before the datastore is open: client TLS, the
+/// metrics server's readiness, which learns of the store once it is open,
+/// and the auth token provider.
 struct Serving {
     tls: Option<Arc<rustls::ServerConfig>>,
     readiness: Option<Arc<metrics_server::Readiness>>,
+    tokens: TokenProvider,
 }
 
 async fn serve<B: Backend>(
@@ -185,10 +196,9 @@ async fn serve<B: Backend>(
     let auth = Arc::new(
         Auth::open(
             &store,
+            serving.tokens,
             AuthOptions {
-                token_ttl: std::time::Duration::from_secs(config.auth_token_ttl),
                 bcrypt_cost: config.bcrypt_cost,
-                token: config.auth_token.clone(),
                 client_cert_auth: config.client_cert_auth,
             },
         )
@@ -203,7 +213,6 @@ async fn serve<B: Backend>(
         quota_backend_bytes: config.quota_backend_bytes,
         name: config.name.clone(),
         client_urls: config.client_urls(),
-        peer_url: config.peer_url(),
         auth,
         cluster: cluster.clone(),
     });

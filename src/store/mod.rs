@@ -19,6 +19,7 @@ mod history;
 pub mod hub;
 mod leader_leases;
 mod lease_deadlines;
+mod lease_ids;
 mod publisher;
 pub mod range;
 pub mod range_stream;
@@ -41,6 +42,7 @@ use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
 use self::leader_leases::LeaderLeases;
 use self::lease_deadlines::LeaseDeadlines;
+use self::lease_ids::LeaseIds;
 use self::publisher::Publisher;
 use self::request::{AlarmChange, Answer, AuthWrite, Queued, WriteRequest};
 use self::routing::Writes;
@@ -59,6 +61,11 @@ use crate::store::hub::{RevisionEvents, WatchHub};
 
 /// Write requests waiting for the writer before senders wait too.
 const QUEUE_DEPTH: usize = 4096;
+
+/// Ids a server-chosen grant passes over because another server granted
+/// them, before it answers `lease already exists`: a bound that no
+/// database shared by differently numbered instances comes near.
+const MAX_LEASE_ID_CLASHES: u32 = 100;
 
 /// The ids this store reports in every response header; chosen once, kept in
 /// the database.
@@ -115,6 +122,8 @@ pub struct Store<B: Backend> {
     lease_deadlines: Option<Arc<LeaseDeadlines>>,
     /// Lease deadlines while this member leads a cluster.
     leader_leases: Arc<LeaderLeases>,
+    /// The ids of leases this server grants without a client's id.
+    lease_ids: LeaseIds,
     writer: JoinHandle<()>,
     /// Compactor, lease expirer, poller: stopped at shutdown.
     background: Vec<JoinHandle<()>>,
@@ -131,6 +140,10 @@ impl<B: Backend> Store<B> {
     pub async fn open_with(backend: B, options: StoreOptions) -> anyhow::Result<Self> {
         let backend = Arc::new(backend);
         let identity = settings::load_identity(&*backend).await?;
+        let lease_ids = LeaseIds::new(
+            settings::claim_lease_id_instance(&*backend).await?,
+            apply::now_ms() as u64,
+        );
         lease_deadlines::recover(&*backend).await?;
         let initial = backend.read().await?.revisions().await?;
         let hub = Arc::new(WatchHub::new(initial.current));
@@ -178,6 +191,7 @@ impl<B: Backend> Store<B> {
             counts: CountCache::default(),
             lease_deadlines,
             leader_leases,
+            lease_ids,
             writer,
             background,
         })
@@ -415,13 +429,20 @@ impl<B: Backend> Store<B> {
     /// etcd LeaseGrant.
     pub async fn lease_grant(&self, mut req: LeaseGrantRequest) -> StoreResult<LeaseGrantResponse> {
         self.check_quota(alarm::LEASE_OVERHEAD).await?;
-        if req.id == 0 {
-            // Chosen here, not where it is applied, so that every member of a
-            // cluster applies the same id. A clash with a lease in use (odds
-            // 2^-63) is answered as etcd answers a client's clashing id.
-            req.id = rand::random_range(1..=i64::MAX);
+        if req.id != 0 {
+            return self.write_for(WriteRequest::LeaseGrant(req)).await;
         }
-        self.write_for(WriteRequest::LeaseGrant(req)).await
+        // Chosen here, not where it is applied, so that every member of a
+        // cluster applies the same id. An id another server took already
+        // (see `lease_ids`) is passed over for the next one.
+        let mut clashes = 0;
+        loop {
+            req.id = self.lease_ids.next(self.identity().member_id);
+            match self.write_for(WriteRequest::LeaseGrant(req)).await {
+                Err(StoreError::LeaseExists) if clashes < MAX_LEASE_ID_CLASHES => clashes += 1,
+                answer => return answer,
+            }
+        }
     }
 
     /// Whether the store is a member of a replicated cluster.

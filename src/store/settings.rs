@@ -3,7 +3,9 @@
 
 use super::{Identity, Store};
 use crate::backend::changes::ChangeFeed;
-use crate::backend::settings::{AUTH_ENABLED, AUTH_REVISION, CLUSTER_ID, MEMBER_ID};
+use crate::backend::settings::{
+    AUTH_ENABLED, AUTH_REVISION, CLUSTER_ID, LEASE_ID_INSTANCES, MEMBER_ID,
+};
 use crate::backend::{AuthKind, Backend, ReadTxn, WriteTxn};
 
 /// Reads the cluster and member ids, choosing them on first start.
@@ -32,6 +34,21 @@ pub(super) async fn load_identity<B: Backend>(backend: &B) -> anyhow::Result<Ide
     };
     txn.commit().await?;
     Ok(identity)
+}
+
+/// This instance's number for its lease ids' prefix (see `lease_ids`): 0
+/// where the backend is its database's only writer; on a database other
+/// instances may share, the count of instances that opened it, this one
+/// included, so that instances running at once number differently.
+pub(super) async fn claim_lease_id_instance<B: Backend>(backend: &B) -> anyhow::Result<u16> {
+    if backend.is_only_writer() {
+        return Ok(0);
+    }
+    let mut txn = backend.write().await?;
+    let opened = txn.setting(LEASE_ID_INSTANCES).await?.unwrap_or(0) + 1;
+    txn.set_setting(LEASE_ID_INSTANCES, opened).await?;
+    txn.commit().await?;
+    Ok(opened as u16)
 }
 
 /// A non-zero id that also fits in a signed 64-bit database column.

@@ -160,6 +160,15 @@ impl Cetera {
         Cetera::refused(endpoint, &[]).await
     }
 
+    /// Starts cetera on `endpoint` with `extra_args`, expecting it to refuse
+    /// to start, as [`Cetera::refused_on`].
+    pub async fn refused_on_with(
+        endpoint: &str,
+        extra_args: &[&str],
+    ) -> (std::process::ExitStatus, String) {
+        Cetera::refused(endpoint, extra_args).await
+    }
+
     /// Starts cetera with `extra_args` on a fresh SQLite file, expecting it to
     /// refuse to start, as [`Cetera::refused_on`].
     pub async fn refused_with(extra_args: &[&str]) -> (std::process::ExitStatus, String) {

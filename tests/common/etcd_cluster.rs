@@ -95,6 +95,17 @@ impl EtcdCluster {
         unreachable!("the last attempt either returns or panics")
     }
 
+    /// Stops member `i`'s process (SIGSTOP): the others hear nothing from it
+    /// and its connections stay open, as across a partition.
+    pub fn pause(&mut self, i: usize) {
+        self.procs[i].signal("-STOP", Duration::ZERO);
+    }
+
+    /// Lets member `i`'s process run again (SIGCONT).
+    pub fn resume(&mut self, i: usize) {
+        self.procs[i].signal("-CONT", Duration::ZERO);
+    }
+
     /// The members' gRPC endpoints, `http://127.0.0.1:PORT`, in member order.
     pub fn endpoints(&self) -> Vec<String> {
         self.client_ports.iter().copied().map(local_url).collect()

@@ -7,7 +7,7 @@ use std::path::Path;
 use tempfile::TempDir;
 
 use super::client::{ClientTls, local_addr, local_url};
-use super::process::{PORT_RETRIES, Proc, free_port};
+use super::process::{PORT_RETRIES, Proc, STARTUP_TIMEOUT, free_port};
 use super::reference_binaries::{etcd_bin, oracle};
 
 /// The oracle's flag for the interval of watch progress notifications:
@@ -108,6 +108,34 @@ impl Etcd {
             );
         };
         Etcd::launch_prepared(&[], None, &restore).await
+    }
+
+    /// Starts etcd with `extra_args` expecting it to refuse to start: its
+    /// output once it has exited, and whether its data dir was created.
+    /// Panics if it is still running after the startup timeout.
+    pub async fn refused_with(extra_args: &[&str]) -> Option<(String, bool)> {
+        let bin = etcd_bin()?;
+        let dir = tempfile::tempdir().expect("create tempdir");
+        let (client, peer) = (local_url(free_port()), local_url(free_port()));
+        let data_dir = dir.path().join("data");
+        let mut args = etcd_member_args(
+            "default",
+            &data_dir,
+            &client,
+            &peer,
+            &format!("default={peer}"),
+        );
+        args.extend(extra_args.iter().map(|s| s.to_string()));
+        let mut proc = Proc::spawn(&bin, &args, dir.path().join("etcd.log"));
+        let deadline = std::time::Instant::now() + STARTUP_TIMEOUT;
+        while proc.child.try_wait().expect("wait for etcd").is_none() {
+            if std::time::Instant::now() > deadline {
+                proc.kill();
+                panic!("etcd started with {extra_args:?}:\n{}", proc.log_text());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Some((proc.log_text(), data_dir.exists()))
     }
 
     async fn launch(extra_args: &[&str], tls: Option<&ClientTls>) -> Option<Etcd> {
