@@ -39,7 +39,8 @@
 # Usage: scripts/bench.sh [--quick] [--peers LIST] [--only CASES] [--soak D]
 #                         [--idle SECONDS] [--duration D] [--out DIR]
 #                         [--backend sqlite|postgres|mysql] [--db-delay D]
-#   --quick         short steps (3 s), 100k keys instead of 1M, 10 s idle, 2 m soak
+#   --quick         short steps (3 s), 100k keys instead of 1M, lists of 10k keys
+#                   only, 10 s idle, 2 m soak
 #   --peers LIST    comma-separated subset of etcd35,etcd37,kine,cetera (default: all
 #                   four)
 #   --only CASES    comma-separated subset of: put,range,txn,list,stream,watch,lease,
@@ -116,9 +117,11 @@ esac
 
 if [[ $QUICK == 1 ]]; then
     STEP=${STEP:-3s}; IDLE_SECS=${IDLE_SECS:-10}; SCALE_KEYS=100000; SLOW_SECS=10
+    STREAM_KEYS="10000"
     SOAK=${SOAK:-2m}; COMPACT_EVERY=30s
 else
     STEP=${STEP:-10s}; IDLE_SECS=${IDLE_SECS:-60}; SCALE_KEYS=1000000; SLOW_SECS=20
+    STREAM_KEYS="10000 100000"
     SOAK=${SOAK:-30m}; COMPACT_EVERY=5m
 fi
 OUT=${OUT:-$ROOT/target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
@@ -639,7 +642,7 @@ want list && run_case list "--prefix list/ --key-space 10000" \
 # RangeStream (etcd 3.7 and kine; etcd 3.5.1 answers Unimplemented: n/a), each step's
 # own peak RSS.
 if want stream; then
-    for n in 10000 100000; do
+    for n in $STREAM_KEYS; do
         RESET_HWM=1 run_case stream-$((n / 1000))k "--prefix list/ --key-space $n --val-size 1024" \
             "list-$((n / 1000))k-paged=list --clients 1 --conns 1 --key-space $n --val-size 1024 $D" \
             "list-$((n / 1000))k-stream=list --stream --clients 1 --conns 1 --key-space $n --val-size 1024 $D"

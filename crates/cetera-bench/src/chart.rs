@@ -67,7 +67,11 @@ pub fn charts(results: &Results) -> Vec<Chart> {
             title: "Throughput per second (higher is better)".into(),
             panels: steps
                 .iter()
-                .map(|s| panel(s, format!("{s}: {}/s", unit(s)), &|r| r.headline().map(|h| h.per_sec)))
+                .map(|s| {
+                    panel(s, format!("{s}: {}/s", unit(s)), &|r| {
+                        r.headline().map(|h| h.per_sec)
+                    })
+                })
                 .collect(),
         },
         Chart {
@@ -75,7 +79,11 @@ pub fn charts(results: &Results) -> Vec<Chart> {
             title: "Latency p99, ms (lower is better)".into(),
             panels: steps
                 .iter()
-                .map(|s| panel(s, format!("{s}: {}", unit(s)), &|r| r.headline().map(|h| h.latency_ms.p99)))
+                .map(|s| {
+                    panel(s, format!("{s}: {}", unit(s)), &|r| {
+                        r.headline().map(|h| h.latency_ms.p99)
+                    })
+                })
                 .collect(),
         },
         Chart {
@@ -227,7 +235,10 @@ fn draw_panel(
         match value {
             Ok(v) => {
                 let colour = COLOURS[i % COLOURS.len()];
-                chart.draw_series([Rectangle::new([(x + 0.12, 0.0), (x + 0.88, *v)], colour.filled())])?;
+                chart.draw_series([Rectangle::new(
+                    [(x + 0.12, 0.0), (x + 0.88, *v)],
+                    colour.filled(),
+                )])?;
                 chart.draw_series([above(short(*v), x + 0.5, *v)])?;
             }
             Err(_) => {

@@ -96,12 +96,7 @@ fn header(results: &Results, out: &mut String) {
 /// The table's head: STEP COLUMNS, then one column per peer with SUFFIX, then EXTRA.
 fn head(results: &Results, first: &[&str], suffix: &str, extra: &[String], out: &mut String) {
     let mut cols: Vec<String> = first.iter().map(|s| s.to_string()).collect();
-    cols.extend(
-        results
-            .peers
-            .iter()
-            .map(|p| format!("{}{suffix}", p.label)),
-    );
+    cols.extend(results.peers.iter().map(|p| format!("{}{suffix}", p.label)));
     cols.extend(extra.iter().cloned());
     let _ = writeln!(out, "| {} |", cols.join(" | "));
     let aligns: Vec<&str> = (0..cols.len())
@@ -165,12 +160,13 @@ fn figure(results: &Results, step: &str, peer: &str, name: Option<&str>) -> Opti
 }
 
 fn throughput(results: &Results, out: &mut String) {
-    let reference = results.reference_etcd();
+    let cetera = results.peers.iter().any(|p| p.name == "cetera");
+    let reference = results.reference_etcd().filter(|_| cetera);
     let mut extra = Vec::new();
     if let Some(etcd) = reference {
         extra.push(format!("cetera / {}", results.label(etcd)));
     }
-    let kine = results.peers.iter().any(|p| p.name == "kine");
+    let kine = cetera && results.peers.iter().any(|p| p.name == "kine");
     if kine {
         extra.push("cetera / kine".into());
     }
@@ -182,14 +178,28 @@ fn throughput(results: &Results, out: &mut String) {
     for (step, name, unit) in step_rows(results) {
         let mut cols = vec![step.to_string(), name.to_string(), unit.to_string()];
         for peer in &results.peers {
-            cols.push(cell(results, step, name, &peer.name, true, |_, r| Some(r.per_sec), 1));
+            cols.push(cell(
+                results,
+                step,
+                name,
+                &peer.name,
+                true,
+                |_, r| Some(r.per_sec),
+                1,
+            ));
         }
         let cetera = figure(results, step, "cetera", Some(name));
         if let Some(etcd) = reference {
-            cols.push(fmt(ratio(cetera, figure(results, step, etcd, Some(name))), 2));
+            cols.push(fmt(
+                ratio(cetera, figure(results, step, etcd, Some(name))),
+                2,
+            ));
         }
         if kine {
-            cols.push(fmt(ratio(cetera, figure(results, step, "kine", Some(name))), 2));
+            cols.push(fmt(
+                ratio(cetera, figure(results, step, "kine", Some(name))),
+                2,
+            ));
         }
         let _ = writeln!(out, "| {} |", cols.join(" | "));
     }
@@ -202,9 +212,29 @@ fn latency(results: &Results, out: &mut String) {
     for (step, name, _) in step_rows(results) {
         let mut cols = vec![step.to_string(), name.to_string()];
         for peer in &results.peers {
-            let p50 = cell(results, step, name, &peer.name, false, |_, r| Some(r.latency_ms.p50), 2);
-            let p99 = cell(results, step, name, &peer.name, false, |_, r| Some(r.latency_ms.p99), 2);
-            cols.push(if p50 == p99 { p50 } else { format!("{p50} / {p99}") });
+            let p50 = cell(
+                results,
+                step,
+                name,
+                &peer.name,
+                false,
+                |_, r| Some(r.latency_ms.p50),
+                2,
+            );
+            let p99 = cell(
+                results,
+                step,
+                name,
+                &peer.name,
+                false,
+                |_, r| Some(r.latency_ms.p99),
+                2,
+            );
+            cols.push(if p50 == p99 {
+                p50
+            } else {
+                format!("{p50} / {p99}")
+            });
         }
         let _ = writeln!(out, "| {} |", cols.join(" | "));
     }
@@ -244,7 +274,13 @@ fn resources(results: &Results, out: &mut String) {
             .collect();
         let mut cols = vec![step.to_string(), ops.join("/")];
         for peer in &results.peers {
-            cols.push(step_cell(results, step, &peer.name, StepRun::cpu_ms_per_op, 3));
+            cols.push(step_cell(
+                results,
+                step,
+                &peer.name,
+                StepRun::cpu_ms_per_op,
+                3,
+            ));
         }
         let _ = writeln!(out, "| {} |", cols.join(" | "));
     }
@@ -311,7 +347,13 @@ fn rates(results: &Results, out: &mut String) {
     for step in steps {
         let mut cols = vec![step.to_string()];
         for p in peers {
-            cols.push(step_cell(results, step, &p.name, |r| r.headline().map(|h| h.per_sec), 1));
+            cols.push(step_cell(
+                results,
+                step,
+                &p.name,
+                |r| r.headline().map(|h| h.per_sec),
+                1,
+            ));
         }
         for p in peers {
             cols.push(step_cell(results, step, &p.name, StepRun::kib_per_op, 2));
@@ -398,10 +440,7 @@ fn soak(results: &Results, out: &mut String) {
 
 /// Whether a step ran at a fixed rate (its throughput is the rate, not a result).
 fn rate_limited(run: &StepRun) -> bool {
-    run.bench
-        .settings
-        .get("rate")
-        .is_some_and(|r| !r.is_null())
+    run.bench.settings.get("rate").is_some_and(|r| !r.is_null())
 }
 
 fn targets(results: &Results, out: &mut String) {
@@ -414,11 +453,17 @@ fn targets(results: &Results, out: &mut String) {
     };
     let run = |step: &str, peer: &str| results.run(step, peer).and_then(|r| r.outcome().ok());
 
+    if !results.peers.iter().any(|p| p.name == "cetera") {
+        return; // the targets are cetera's
+    }
     if let Some(etcd) = results.reference_etcd() {
         let e = results.label(etcd);
         if run("put-1", etcd).is_some() {
             let r = ratio(thr("put-1", "cetera"), thr("put-1", etcd));
-            let (c50, e50) = (lat("put-1", "cetera", |r| r.latency_ms.p50), lat("put-1", etcd, |r| r.latency_ms.p50));
+            let (c50, e50) = (
+                lat("put-1", "cetera", |r| r.latency_ms.p50),
+                lat("put-1", etcd, |r| r.latency_ms.p50),
+            );
             t.push((
                 format!("put, 1 client: >= 1x {e}'s throughput and p50 <= its"),
                 format!("{}x, p50 {} vs {} ms", fmt(r, 2), fmt(c50, 2), fmt(e50, 2)),
@@ -445,11 +490,20 @@ fn targets(results: &Results, out: &mut String) {
             if run(step, etcd).is_none() {
                 continue;
             }
-            let limit = if step == "rate-100" || step == "rate-400" { 0.75 } else { 1.0 };
+            let limit = if step == "rate-100" || step == "rate-400" {
+                0.75
+            } else {
+                1.0
+            };
             let r = ratio(kb("cetera"), kb(etcd));
             t.push((
                 format!("{step}: KB written per put <= {limit}x {e}'s"),
-                format!("{}x ({} vs {} KB)", fmt(r, 2), fmt(kb("cetera"), 2), fmt(kb(etcd), 2)),
+                format!(
+                    "{}x ({} vs {} KB)",
+                    fmt(r, 2),
+                    fmt(kb("cetera"), 2),
+                    fmt(kb(etcd), 2)
+                ),
                 ok(r, &|r| r <= limit),
             ));
         }
@@ -464,7 +518,12 @@ fn targets(results: &Results, out: &mut String) {
         if let (Some(c), Some(x)) = (hwm("cetera"), hwm(etcd)) {
             t.push((
                 format!("RSS: cetera's largest VmHWM <= 0.5x {e}'s"),
-                format!("{} vs {} MB ({}x)", fmt(Some(c / 1024.0), 1), fmt(Some(x / 1024.0), 1), fmt(Some(c / x), 2)),
+                format!(
+                    "{} vs {} MB ({}x)",
+                    fmt(Some(c / 1024.0), 1),
+                    fmt(Some(x / 1024.0), 1),
+                    fmt(Some(c / x), 2)
+                ),
                 c / x <= 0.5,
             ));
         }
@@ -521,7 +580,11 @@ fn targets(results: &Results, out: &mut String) {
         if let (Some(c), Some(k)) = (db("cetera"), db("kine")) {
             t.push((
                 "soak: database size at the end <= kine's".into(),
-                format!("{} vs {} MB", fmt(Some(c / 1048576.0), 1), fmt(Some(k / 1048576.0), 1)),
+                format!(
+                    "{} vs {} MB",
+                    fmt(Some(c / 1048576.0), 1),
+                    fmt(Some(k / 1048576.0), 1)
+                ),
                 c <= k,
             ));
         }

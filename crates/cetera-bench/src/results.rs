@@ -153,9 +153,7 @@ impl StepRun {
     pub fn outcome(&self) -> Result<&Self, &str> {
         match &self.na {
             Some(reason) => Err(reason),
-            None if self.bench.results.is_empty() && self.step != "idle" => {
-                Err("no results")
-            }
+            None if self.bench.results.is_empty() && self.step != "idle" => Err("no results"),
             None => Ok(self),
         }
     }
