@@ -293,36 +293,44 @@ fn resources(results: &Results, out: &mut String) {
         out,
         "### Disk and memory: fsyncs per op, KB written per op, VmHWM MB\n"
     );
-    let peers = &results.peers;
-    let mut cols: Vec<String> = vec!["step".into()];
-    for what in ["fsync/op", "KB/op", "VmHWM MB"] {
-        cols.extend(peers.iter().map(|p| format!("{} {what}", p.label)));
-    }
-    let _ = writeln!(out, "| {} |", cols.join(" | "));
-    let _ = writeln!(out, "|---|{}|", vec!["---:"; cols.len() - 1].join("|"));
-    for step in results.step_labels() {
-        let mut cols = vec![step.to_string()];
-        for p in peers {
-            cols.push(step_cell(results, step, &p.name, StepRun::fsyncs_per_op, 3));
-        }
-        for p in peers {
-            cols.push(step_cell(results, step, &p.name, StepRun::kib_per_op, 2));
-        }
-        for p in peers {
-            cols.push(step_cell(
-                results,
-                step,
-                &p.name,
-                |r| r.sample.as_ref().map(|s| s.vmhwm_kb / 1024.0),
-                1,
-            ));
-        }
-        let _ = writeln!(out, "| {} |", cols.join(" | "));
-    }
+    let vmhwm = |r: &StepRun| r.sample.as_ref().map(|s| s.vmhwm_kb / 1024.0);
+    per_peer_table(
+        results,
+        &results.step_labels(),
+        &[
+            ("fsync/op", &StepRun::fsyncs_per_op, 3),
+            ("KB/op", &StepRun::kib_per_op, 2),
+            ("VmHWM MB", &vmhwm, 1),
+        ],
+        out,
+    );
     let _ = writeln!(
         out,
         "\nFor idle, fsyncs and KB per minute. VmHWM is the server's own (not its database server's).\n"
     );
+}
+
+/// A figure of a step: its column name, how it is read, its digits.
+type Figure<'a> = (&'a str, &'a dyn Fn(&StepRun) -> Option<f64>, usize);
+
+/// A table of STEPS with, for each figure, one column per peer.
+fn per_peer_table(results: &Results, steps: &[&str], figures: &[Figure], out: &mut String) {
+    let peers = &results.peers;
+    let mut cols: Vec<String> = vec!["step".into()];
+    for (what, _, _) in figures {
+        cols.extend(peers.iter().map(|p| format!("{} {what}", p.label)));
+    }
+    let _ = writeln!(out, "| {} |", cols.join(" | "));
+    let _ = writeln!(out, "|---|{}|", vec!["---:"; cols.len() - 1].join("|"));
+    for step in steps {
+        let mut cols = vec![step.to_string()];
+        for (_, value, digits) in figures {
+            for p in peers {
+                cols.push(step_cell(results, step, &p.name, value, *digits));
+            }
+        }
+        let _ = writeln!(out, "| {} |", cols.join(" | "));
+    }
 }
 
 fn rates(results: &Results, out: &mut String) {
@@ -337,41 +345,19 @@ fn rates(results: &Results, out: &mut String) {
         out,
         "### Kubernetes loads (1 KiB values over 5k keys): puts/s, KB written per put, fsyncs per put, database MB at the end\n"
     );
-    let peers = &results.peers;
-    let mut cols: Vec<String> = vec!["step".into()];
-    for what in ["puts/s", "KB/put", "fsyncs/put", "db MB"] {
-        cols.extend(peers.iter().map(|p| format!("{} {what}", p.label)));
-    }
-    let _ = writeln!(out, "| {} |", cols.join(" | "));
-    let _ = writeln!(out, "|---|{}|", vec!["---:"; cols.len() - 1].join("|"));
-    for step in steps {
-        let mut cols = vec![step.to_string()];
-        for p in peers {
-            cols.push(step_cell(
-                results,
-                step,
-                &p.name,
-                |r| r.headline().map(|h| h.per_sec),
-                1,
-            ));
-        }
-        for p in peers {
-            cols.push(step_cell(results, step, &p.name, StepRun::kib_per_op, 2));
-        }
-        for p in peers {
-            cols.push(step_cell(results, step, &p.name, StepRun::fsyncs_per_op, 3));
-        }
-        for p in peers {
-            cols.push(step_cell(
-                results,
-                step,
-                &p.name,
-                |r| r.sample.as_ref().map(|s| s.db_bytes / 1048576.0),
-                1,
-            ));
-        }
-        let _ = writeln!(out, "| {} |", cols.join(" | "));
-    }
+    let puts = |r: &StepRun| r.headline().map(|h| h.per_sec);
+    let db = |r: &StepRun| r.sample.as_ref().map(|s| s.db_bytes / 1048576.0);
+    per_peer_table(
+        results,
+        &steps,
+        &[
+            ("puts/s", &puts, 1),
+            ("KB/put", &StepRun::kib_per_op, 2),
+            ("fsyncs/put", &StepRun::fsyncs_per_op, 3),
+            ("db MB", &db, 1),
+        ],
+        out,
+    );
     let _ = writeln!(
         out,
         "\ndb: etcd's member/snap/db, kine's and cetera's SQLite file (0 on a database server).\n"
