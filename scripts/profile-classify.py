@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Sorts the perf samples of scripts/profile-put.sh into buckets, for cetera and etcd.
+"""Sorts the perf samples of scripts/profile-put.sh (or scripts/profile-rpc.sh) into
+buckets, for cetera and etcd.
 
 Usage: scripts/profile-classify.py DIR   (DIR holds SERVER.script and SERVER-cpu.json)
 
@@ -8,7 +9,8 @@ else to "kernel, other" (interrupts, page faults, the scheduler). A sample in us
 space goes to the bucket of the function it was in, by the function's name (Rust
 paths, Go packages, C libraries). etcd's release binary is stripped; its function
 names are read from the Go runtime's own table of them (.gopclntab, Go 1.16's layout). Each bucket's share of the samples times the
-server's CPU µs per put gives its µs per put. Prints a Markdown table.
+server's CPU µs per put (per operation, for profile-rpc.sh) gives its µs per put.
+Prints a Markdown table.
 """
 
 import bisect
@@ -191,7 +193,10 @@ def main():
     for s in servers:
         counts[s]["the rest (each under 0.5 %)"] = sum(counts[s].pop(b, 0) for b in small)
     names = sorted({b for c in counts.values() for b in c}, key=lambda b: (b.startswith("the rest"), -sum(c[b] / max(1, sum(c.values())) for c in counts.values())))
-    head = "| where |" + "".join(f" {s} share | {s} µs/put |" for s in servers)
+    # profile-put.sh's puts, or profile-rpc.sh's operations of one family.
+    unit = "op" if all("server_us_per_op" in cpu[s] for s in servers) else "put"
+    us = {s: cpu[s][f"server_us_per_{unit}"] for s in servers}
+    head = "| where |" + "".join(f" {s} share | {s} µs/{unit} |" for s in servers)
     print(head)
     print("|---|" + "---:|---:|" * len(servers))
     for b in names:
@@ -199,12 +204,17 @@ def main():
         for s in servers:
             total = sum(counts[s].values())
             share = counts[s][b] / total if total else 0
-            row += f" {100 * share:.1f} % | {share * cpu[s]['server_us_per_put']:.1f} |"
+            row += f" {100 * share:.1f} % | {share * us[s]:.1f} |"
         print(row)
-    row = "| **server CPU per put** |"
+    row = f"| **server CPU per {unit}** |"
     for s in servers:
-        row += f" {sum(counts[s].values())} samples | **{cpu[s]['server_us_per_put']:.1f}** |"
+        row += f" {sum(counts[s].values())} samples | **{us[s]:.1f}** |"
     print(row)
+    if unit == "op":
+        print()
+        for s in servers:
+            print(f"- {s}: {cpu[s]['ops']:.0f} {cpu[s]['row']} operations in the window profiled")
+        return
     row = "| client (cetera-bench) CPU per put |"
     for s in servers:
         row += f" | {cpu[s]['client_us_per_put']:.1f} |"

@@ -50,6 +50,7 @@ use rusqlite::Connection;
 use super::checkpointer::{self, Checkpointer};
 use super::key_index::row_id;
 use super::queries::{query_revisions, query_setting};
+use super::readers::Readers;
 use super::record_log::{Change, RecordLog};
 use super::txn::{
     delete_rows, insert_row, write_lease, write_replication_mark, write_revisions, write_setting,
@@ -173,11 +174,10 @@ pub(super) struct Journal {
     /// straight to SQLite, taking the batch with them, until one succeeds,
     /// so that the batch waiting for room does not grow.
     stalled: AtomicBool,
-    /// Up while a commit of the batch waits for readers to let go of the
-    /// database (rollback journal mode: SQLite commits only once no reader
-    /// holds it); a long read then ends its SQLite transaction at its next
-    /// page (`queries::yield_to_commit`).
-    commit_waiting: Arc<AtomicBool>,
+    /// The read connections, which a commit of the batch asks to let go of
+    /// the database (rollback journal mode: SQLite commits only once no
+    /// reader holds it) and to end the transactions they keep.
+    readers: Arc<Readers>,
 }
 
 struct Unapplied {
@@ -207,7 +207,11 @@ impl Journal {
     /// Opens the record log of the database at `path` and applies what it
     /// holds that the database does not (the commits of a batch the process
     /// died in), then cuts it.
-    pub(super) fn open(path: &Path, conn: &Connection) -> anyhow::Result<Journal> {
+    pub(super) fn open(
+        path: &Path,
+        conn: &Connection,
+        readers: Arc<Readers>,
+    ) -> anyhow::Result<Journal> {
         let (mut log, changes) = RecordLog::open(path)?;
         let applied = query_setting(conn, APPLIED_GENERATION)?;
         if !changes.is_empty() && applied != Some(log.generation() as i64) {
@@ -240,28 +244,13 @@ impl Journal {
             }),
             batch: Mutex::default(),
             stalled: AtomicBool::new(false),
-            commit_waiting: Arc::default(),
+            readers,
         })
     }
 
-    /// The flag of a commit waiting for readers, for a reader to watch.
-    pub(super) fn commit_waiting(&self) -> Arc<AtomicBool> {
-        self.commit_waiting.clone()
-    }
-
-    /// Runs `commit`, a commit that needs the database to itself, asking
-    /// the readers still going to let go of it meanwhile (see
-    /// `commit_waiting`).
-    pub(super) fn committing<T>(&self, commit: impl FnOnce() -> T) -> T {
-        self.commit_waiting.store(true, Ordering::Release);
-        let committed = commit();
-        self.commit_waiting.store(false, Ordering::Release);
-        committed
-    }
-
-    /// Commits the batch (see `committing`).
+    /// Commits the batch (see `Readers::committing`).
     fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
-        self.committing(|| conn.execute_batch("COMMIT"))
+        self.readers.committing(|| conn.execute_batch("COMMIT"))
     }
 
     /// True while commits are written to the record log (and the database

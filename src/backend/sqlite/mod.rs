@@ -19,8 +19,9 @@
 //! they read with, `key_index` the index, `range_stream` RangeStream's
 //! chunks, `record_log` the record log's file, `journal` the commits
 //! through it and their batches, `applier` applies a batch while the writer
-//! is idle, and `checkpointer` moves the WAL into the database file on its
-//! own thread.
+//! is idle, `readers` the read connections and the transactions they keep
+//! between reads, and `checkpointer` moves the WAL into the database file on
+//! its own thread.
 
 mod applier;
 mod checkpointer;
@@ -28,11 +29,12 @@ mod journal;
 mod key_index;
 mod queries;
 mod range_stream;
+mod readers;
 mod record_log;
 mod txn;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -42,6 +44,7 @@ use self::applier::Applier;
 use self::checkpointer::Checkpointer;
 use self::journal::{Journal, UnappliedView};
 use self::key_index::KeyIndex;
+use self::readers::Readers;
 use self::txn::SharedIndex;
 pub use self::txn::{SqliteRead, SqliteWrite};
 use super::{Backend, BackendResult, DatabaseSize, ReadTxn};
@@ -50,14 +53,11 @@ mod migrations {
     refinery::embed_migrations!("migrations/sqlite");
 }
 
-/// Read connections kept open for reuse; more are opened on demand.
-const MAX_IDLE_READERS: usize = 16;
-
 /// A store kept in one SQLite database file.
 pub struct Sqlite {
     path: PathBuf,
     writer: Arc<tokio::sync::Mutex<Connection>>,
-    readers: Arc<Mutex<Vec<Connection>>>,
+    readers: Arc<Readers>,
     checkpointer: Arc<Checkpointer>,
     index: SharedIndex,
     /// The record log commits go through (see `journal`); None for a
@@ -129,9 +129,10 @@ impl Sqlite {
             .run(&mut writer)
             .context("cannot apply SQLite migrations")?;
         checkpointer::watch_wal(&writer);
+        let readers = Arc::new(Readers::new(path.to_path_buf()));
         // A scratch file is written in one transaction and synced whole.
         let journal = match lock.is_some() {
-            true => open_journal(path, &writer)?,
+            true => open_journal(path, &writer, &readers)?,
             false => None,
         };
         let index = KeyIndex::load(&writer).context("cannot read the log into the key index")?;
@@ -159,7 +160,7 @@ impl Sqlite {
         Ok(Sqlite {
             path: path.to_path_buf(),
             writer,
-            readers: Arc::new(Mutex::new(Vec::new())),
+            readers,
             checkpointer,
             index: Arc::new(std::sync::RwLock::new(index)),
             journal,
@@ -178,7 +179,8 @@ impl Sqlite {
         let conn = self.writer.lock().await;
         conn.pragma_update(None, "cache_size", BULK_LOAD_CACHE_KIB)?;
         if scratch {
-            conn.pragma_update(None, "journal_mode", "OFF")?;
+            self.readers
+                .committing(|| conn.pragma_update(None, "journal_mode", "OFF"))?;
             conn.pragma_update(None, "synchronous", "OFF")?;
         }
         Ok(())
@@ -188,7 +190,8 @@ impl Sqlite {
     /// that the file alone is the whole database.
     pub async fn finish_scratch(&self) -> anyhow::Result<()> {
         let conn = self.writer.lock().await;
-        conn.pragma_update(None, "journal_mode", "DELETE")?;
+        self.readers
+            .committing(|| conn.pragma_update(None, "journal_mode", "DELETE"))?;
         Ok(())
     }
 
@@ -244,7 +247,8 @@ impl Sqlite {
         conn.execute_batch("BEGIN")?;
         Ok(SqliteRead {
             conn: Some(conn),
-            pool: Arc::new(Mutex::new(Vec::new())),
+            readers: None,
+            began_after: 0,
             index: None,
             snapshot_revision: None,
             unapplied: None,
@@ -267,34 +271,26 @@ impl Sqlite {
         Ok(())
     }
 
-    /// A read transaction that sees `unapplied` beyond what SQLite holds.
+    /// A read transaction that sees `unapplied` beyond what SQLite holds
+    /// (taken before it: see `journal`); its SQLite transaction may be one
+    /// a connection kept from its last read (see `readers`).
     fn reader(&self, unapplied: Option<UnappliedView>) -> BackendResult<SqliteRead> {
-        let conn = self.take_reader()?;
+        let reader = self.readers.take()?;
         let removed_below = self
             .index
             .read()
             .expect("key index poisoned")
             .removed_below();
-        // Cached, as every read begins and ends this way: parsing BEGIN and
-        // ROLLBACK each time is a visible part of a single-key read.
-        conn.prepare_cached("BEGIN")?.execute([])?;
         Ok(SqliteRead {
-            conn: Some(conn),
-            pool: self.readers.clone(),
+            began_after: reader.began_after,
+            conn: Some(reader.conn),
+            readers: Some(self.readers.clone()),
             index: Some(self.index.clone()),
             snapshot_revision: None,
-            commit_waiting: self.recording().map(|journal| journal.commit_waiting()),
+            commit_waiting: self.recording().map(|_| self.readers.commit_waiting()),
             unapplied,
             removed_below,
         })
-    }
-
-    fn take_reader(&self) -> BackendResult<Connection> {
-        let idle = self.readers.lock().expect("reader pool poisoned").pop();
-        match idle {
-            Some(conn) => Ok(conn),
-            None => Ok(open_connection(&self.path, true)?),
-        }
     }
 }
 
@@ -351,7 +347,7 @@ impl Drop for Sqlite {
         if let Some(checkpointer) = Arc::get_mut(&mut self.checkpointer) {
             checkpointer.stop();
         }
-        self.readers.lock().expect("reader pool poisoned").clear();
+        self.readers.close_idle();
         match self.writer.try_lock() {
             Ok(conn) => {
                 if let Some(journal) = &self.journal {
@@ -370,8 +366,12 @@ impl Drop for Sqlite {
 /// file, commits go straight to SQLite, as before the record log: a log
 /// that took blocks as it went could fill the disk with commits the
 /// database then had no room to take.
-fn open_journal(path: &Path, writer: &Connection) -> anyhow::Result<Option<Arc<Journal>>> {
-    match Journal::open(path, writer) {
+fn open_journal(
+    path: &Path,
+    writer: &Connection,
+    readers: &Arc<Readers>,
+) -> anyhow::Result<Option<Arc<Journal>>> {
+    match Journal::open(path, writer, readers.clone()) {
         Ok(journal) => Ok(Some(Arc::new(journal))),
         Err(error) if super::DiskFull::is(&error) => {
             tracing::warn!(
@@ -460,6 +460,7 @@ impl Backend for Sqlite {
         Ok(SqliteWrite {
             conn,
             checkpointer: self.checkpointer.clone(),
+            readers: self.readers.clone(),
             meta: None,
             read_current: 0,
             last_appended: 0,
@@ -499,7 +500,7 @@ impl Backend for Sqlite {
         if let Some(journal) = &self.journal {
             journal.stop_recording(&conn, &self.checkpointer);
         }
-        set_journal_mode(&conn, "WAL")?;
+        self.readers.committing(|| set_journal_mode(&conn, "WAL"))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(())
     }
@@ -527,7 +528,8 @@ impl Backend for Sqlite {
     }
 
     async fn size(&self) -> BackendResult<DatabaseSize> {
-        let conn = self.take_reader()?;
+        let reader = self.readers.take()?;
+        let conn = &reader.conn;
         let sizes = (|| -> rusqlite::Result<DatabaseSize> {
             let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
             let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
@@ -537,7 +539,7 @@ impl Backend for Sqlite {
                 in_use: page_size * (pages - free),
             })
         })();
-        return_reader(&self.readers, conn);
+        self.readers.give_back(reader);
         Ok(sizes?)
     }
 
@@ -566,10 +568,7 @@ impl Backend for Sqlite {
             }
         };
         // Its commit, as a batch's, needs the database to itself.
-        match self.recording() {
-            Some(journal) => journal.committing(vacuum)?,
-            None => vacuum()?,
-        }
+        self.readers.committing(vacuum)?;
         // Readers holding old snapshots can keep part of the WAL alive; the
         // next checkpoint finishes the job, so a partial one is no error.
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
@@ -609,13 +608,6 @@ const BATCH_CACHE_KIB: i64 = -2 * (journal::APPLY_BYTES as i64 >> 10);
 
 /// SQLite's `auto_vacuum` setting that lets `incremental_vacuum` shrink the file.
 const AUTO_VACUUM_INCREMENTAL: i64 = 2;
-
-fn return_reader(pool: &Mutex<Vec<Connection>>, conn: Connection) {
-    let mut idle = pool.lock().expect("reader pool poisoned");
-    if idle.len() < MAX_IDLE_READERS {
-        idle.push(conn);
-    }
-}
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -1100,6 +1092,151 @@ pub(crate) mod tests {
         assert_eq!(page_size(&replica), PAGE_SIZE);
     }
 
+    /// A new store, as the server's (rollback journal mode, the record log)
+    /// or, with `wal`, as a member of a cluster's once it defers its
+    /// durability to the Raft log (WAL mode).
+    async fn store_in_mode(wal: bool) -> (tempfile::TempDir, std::path::PathBuf, Sqlite) {
+        if !wal {
+            return new_store(Sqlite::open);
+        }
+        let (dir, path, backend) = new_store(Sqlite::open_replica);
+        backend.defer_durability().await.unwrap();
+        (dir, path, backend)
+    }
+
+    /// A read connection keeps its SQLite transaction from one read to the
+    /// next (no system call to begin one), and a commit of the writer ends
+    /// it: in rollback journal mode a transaction kept would hold the
+    /// commit up for the writer's busy timeout, and in WAL mode it would
+    /// go on showing the snapshot from before the commit. A read that
+    /// holds its transaction across a commit (WAL mode lets the commit
+    /// through) sees its own snapshot to the end, and its connection then
+    /// ends the transaction.
+    #[tokio::test]
+    async fn a_kept_transaction_serves_reads_until_a_commit() {
+        for wal in [false, true] {
+            let (_dir, _path, backend) = store_in_mode(wal).await;
+            put(&backend, 2, "a", b"one").await;
+            apply_now(&backend).await;
+            let one = [Some(b"one".to_vec())];
+            for _ in 0..3 {
+                let mut reader = backend.read().await.unwrap();
+                assert_eq!(read_values(&mut reader, &["a"]).await, one, "wal: {wal}");
+                drop(reader);
+                assert_eq!(
+                    backend.readers.idle_in_transaction(),
+                    1,
+                    "the transaction was not kept (wal: {wal})"
+                );
+            }
+
+            put(&backend, 3, "a", b"two").await;
+            apply_now(&backend).await;
+            assert!(!backend.journal.as_ref().unwrap().stalled(), "wal: {wal}");
+            assert_eq!(backend.readers.idle_in_transaction(), 0, "wal: {wal}");
+            let mut reader = backend.read().await.unwrap();
+            let two = [Some(b"two".to_vec())];
+            assert_eq!(read_values(&mut reader, &["a"]).await, two, "wal: {wal}");
+            if wal {
+                put(&backend, 4, "a", b"three").await;
+                apply_now(&backend).await;
+                assert_eq!(read_values(&mut reader, &["a"]).await, two);
+                drop(reader);
+                assert_eq!(backend.readers.idle_in_transaction(), 0);
+                let mut reader = backend.read().await.unwrap();
+                assert_eq!(
+                    read_values(&mut reader, &["a"]).await,
+                    [Some(b"three".to_vec())]
+                );
+            }
+        }
+    }
+
+    /// Readers racing the writer always see whole revisions, whether a
+    /// revision is in the unapplied changes, in the batch being committed
+    /// or in the file, and whether their connection kept its transaction
+    /// or began another: every revision puts each of `KEYS` keys to its
+    /// own number, and every read of them all finds one number, never
+    /// below one the same reader found before. In rollback journal mode and
+    /// in WAL mode.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn readers_racing_batch_commits_see_whole_revisions() {
+        const KEYS: i64 = 8;
+        const REVISIONS: i64 = 300;
+        async fn put_all(backend: &Sqlite, revision: i64) {
+            let mut txn = backend.write().await.unwrap();
+            let mut revisions = txn.revisions().await.unwrap();
+            for sub in 0..KEYS {
+                let entry = LogEntry {
+                    kv: KeyValue {
+                        key: format!("k{sub}").into_bytes(),
+                        value: revision.to_string().into_bytes(),
+                        create_revision: 2,
+                        mod_revision: revision,
+                        version: revision - 1,
+                        lease: 0,
+                    },
+                    sub,
+                    deleted: false,
+                };
+                txn.append(&entry).await.unwrap();
+            }
+            revisions.current = revision;
+            txn.set_revisions(revisions).await.unwrap();
+            txn.commit().await.unwrap();
+        }
+        for wal in [false, true] {
+            let (_dir, _path, backend) = store_in_mode(wal).await;
+            let backend = Arc::new(backend);
+            put_all(&backend, 2).await;
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let readers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (backend, done) = (backend.clone(), done.clone());
+                    tokio::spawn(async move {
+                        let everything = KeyRange {
+                            start: b"k".to_vec(),
+                            end: Some(b"l".to_vec()),
+                        };
+                        let (mut last, mut reads) = (0, 0);
+                        while !done.load(std::sync::atomic::Ordering::Acquire) {
+                            let mut txn = backend.read().await.unwrap();
+                            let rows = txn
+                                .range(&everything, ReadAt::Current, 0, false)
+                                .await
+                                .unwrap();
+                            drop(txn);
+                            assert_eq!(rows.len() as i64, KEYS, "wal: {wal}");
+                            let revision = rows[0].mod_revision;
+                            for kv in &rows {
+                                assert_eq!(kv.mod_revision, revision, "wal: {wal}");
+                                assert_eq!(kv.value, revision.to_string().into_bytes());
+                            }
+                            assert!(revision >= last, "{revision} after {last}, wal: {wal}");
+                            last = revision;
+                            reads += 1;
+                            tokio::task::yield_now().await;
+                        }
+                        (last, reads)
+                    })
+                })
+                .collect();
+            for revision in 3..=REVISIONS {
+                put_all(&backend, revision).await;
+                if revision % 5 == 0 {
+                    apply_now(&backend).await;
+                }
+                tokio::task::yield_now().await;
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+            for reader in readers {
+                let (last, reads) = reader.await.unwrap();
+                assert!(reads > 0 && last <= REVISIONS, "wal: {wal}");
+            }
+            assert!(!backend.journal.as_ref().unwrap().stalled(), "wal: {wal}");
+        }
+    }
+
     /// Readers let a batch commit through (in rollback journal mode it
     /// needs the database to itself): a stream lets go of its snapshot while
     /// it waits for its client, and a long read, with a commit waiting, at
@@ -1130,7 +1267,7 @@ pub(crate) mod tests {
         assert!(!backend.journal.as_ref().unwrap().stalled());
         assert_eq!(rows_in_file(&path), keys + 1);
 
-        let waiting = backend.journal.as_ref().unwrap().commit_waiting();
+        let waiting = backend.readers.commit_waiting();
         waiting.store(true, std::sync::atomic::Ordering::Release);
         let rows = reader
             .range(&everything, ReadAt::Current, 0, false)

@@ -3,7 +3,7 @@
 //! statements.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::OwnedMutexGuard;
@@ -15,8 +15,8 @@ use super::queries::{
     query_alarms, query_auth_records, query_expired_leases, query_lease, query_leases, query_log,
     query_revisions, query_rows, query_setting, restart_read,
 };
+use super::readers::{Reader, Readers};
 use super::record_log::Change;
-use super::return_reader;
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, Compacted, KeyRange, LeaseRow, LogEntry, ReadAt, ReadTxn,
     Revisions, WriteTxn,
@@ -26,10 +26,14 @@ use crate::proto::mvccpb::KeyValue;
 /// The key index the server's transactions share.
 pub(super) type SharedIndex = Arc<RwLock<KeyIndex>>;
 
-/// A read transaction on a pooled connection; the snapshot is released on drop.
+/// A read transaction on a pooled connection, which goes back to the pool
+/// on drop, keeping its SQLite transaction for the next read (see `readers`).
 pub struct SqliteRead {
     pub(super) conn: Option<Connection>,
-    pub(super) pool: Arc<Mutex<Vec<Connection>>>,
+    /// The pool `conn` came from; None for a snapshot file's connection.
+    pub(super) readers: Option<Arc<Readers>>,
+    /// The count of the writer's commits when `conn`'s transaction began.
+    pub(super) began_after: u64,
     /// The server's key index; for a snapshot file, one built from its log
     /// when a read first needs it.
     pub(super) index: Option<SharedIndex>,
@@ -50,14 +54,11 @@ pub struct SqliteRead {
 
 impl Drop for SqliteRead {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            // A connection whose rollback fails is not reused.
-            let rollback = conn
-                .prepare_cached("ROLLBACK")
-                .and_then(|mut stmt| stmt.execute([]));
-            if rollback.is_ok() {
-                return_reader(&self.pool, conn);
-            }
+        if let (Some(conn), Some(readers)) = (self.conn.take(), &self.readers) {
+            readers.give_back(Reader {
+                conn,
+                began_after: self.began_after,
+            });
         }
     }
 }
@@ -66,6 +67,8 @@ impl Drop for SqliteRead {
 pub struct SqliteWrite {
     pub(super) conn: OwnedMutexGuard<Connection>,
     pub(super) checkpointer: Arc<Checkpointer>,
+    /// The read connections, told of each commit (see `readers`).
+    pub(super) readers: Arc<Readers>,
     /// The `meta` row as this transaction read it (see `query_revisions`).
     pub(super) meta: Option<Revisions>,
     /// The current revision as this transaction read it.
@@ -563,7 +566,8 @@ impl WriteTxn for SqliteWrite {
         match self.journal.clone() {
             None => {
                 delete_rows(&self.conn, std::mem::take(&mut self.removed_rows))?;
-                self.conn.execute_batch("COMMIT")?;
+                self.readers
+                    .committing(|| self.conn.execute_batch("COMMIT"))?;
                 self.checkpointer
                     .after_commit(&self.conn, checkpointer::wal_pages_after_commit());
             }
