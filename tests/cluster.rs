@@ -1511,17 +1511,21 @@ async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
     eprintln!("slowest of {i} writes after the member came back: {slowest:?}");
     converges(&cluster, follower, leader, "back-").await;
     // The leader lost the follower, and the follower both others: each
-    // logged once lost and once back, and little else.
+    // logged once lost and once back, and little else. A follower calls its
+    // peers only while it stands for election, so once the leader's calls
+    // reach it again it may have no call of its own to see them answer: its
+    // "back" line is due at most once, the leader's exactly once.
     let peer_url = |i: usize| cluster.members[i].peer_url.clone();
     let lost = [
-        (leader, lines_before[0], vec![peer_url(follower)]),
+        (leader, lines_before[0], vec![peer_url(follower)], 1..=1),
         (
             follower,
             lines_before[1],
             vec![peer_url(leader), peer_url(third)],
+            0..=1,
         ),
     ];
-    for (member, before, peers) in lost {
+    for (member, before, peers, back_lines) in lost {
         let log = cluster.members[member].log();
         let new: Vec<&str> = log.lines().skip(before).collect();
         let shown = new.join("\n");
@@ -1536,9 +1540,8 @@ async fn a_member_cut_off_and_back_does_not_unseat_the_leader() {
                 1,
                 "member {member}, {peer}:\n{shown}"
             );
-            assert_eq!(
-                count("peer answers again"),
-                1,
+            assert!(
+                back_lines.contains(&count("peer answers again")),
                 "member {member}, {peer}:\n{shown}"
             );
         }

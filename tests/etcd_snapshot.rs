@@ -275,8 +275,15 @@ async fn cetera_snapshot_restores_into_real_etcd() {
     assert_eq!(compacted(&a), compacted(&b));
     assert_eq!(bucket(&a, b"auth"), bucket(&b, b"auth"));
     let (revision, total) = status(&etcdutl, &ours);
-    assert_eq!(revision, status(&etcdutl, &theirs).0);
-    assert_eq!(total, total_records(&a));
+    let (their_revision, their_total) = status(&etcdutl, &theirs);
+    assert_eq!(revision, their_revision);
+    if common::oracle().is_36_or_later() {
+        // etcdutl 3.6 and later count the keys alive at the end (the key
+        // buckets are equal, above), 3.5 every record of every bucket.
+        assert_eq!(total, their_total);
+    } else {
+        assert_eq!(total, total_records(&a));
+    }
 
     // etcdutl restore, then real etcd on the restored data dir.
     let restored = Etcd::start_restored(&ours).await.unwrap();

@@ -104,17 +104,9 @@ impl ServerInfo {
             .or_else(|| metadata.get("authorization"))
             .and_then(|v| v.to_str().ok())
             .map(|token| token.strip_prefix("Bearer ").unwrap_or(token));
-        match self
+        Ok(self
             .auth
-            .caller(token, || certificate_user(metadata, extensions))
-        {
-            // etcd 3.6 gave the old-token error its gRPC mapping
-            // (rpctypes.ErrGRPCAuthOldRevision); 3.5 sends it as Unknown.
-            Err(AuthError::OldRevision) if self.emulates_36() => Err(Status::invalid_argument(
-                "etcdserver: revision of auth store is old",
-            )),
-            answer => Ok(answer?),
-        }
+            .caller(token, || certificate_user(metadata, extensions))?)
     }
 
     /// The caller, who must carry a valid token whenever auth is enabled.
@@ -259,9 +251,8 @@ fn auth_error_code(error: &AuthError) -> Code {
         RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound
         | RoleAlreadyExist | RoleNotFound | RoleNotGranted | PermissionNotGranted
         | AuthNotEnabled => Code::FailedPrecondition,
-        UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt => {
-            Code::InvalidArgument
-        }
+        UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt
+        | OldRevisionGrpc => Code::InvalidArgument,
         PermissionDenied => Code::PermissionDenied,
         InvalidAuthToken => Code::Unauthenticated,
         // etcd has no gRPC mapping for these: Unknown, with the text. (A

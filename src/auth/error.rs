@@ -59,9 +59,13 @@ pub enum AuthError {
     /// Unknown with the auth package's own text.
     #[error("auth: authentication failed, password was given for no password user")]
     NoPasswordUser,
-    /// A JWT token issued before the last auth change (etcd: Unknown).
+    /// A JWT token issued before the last auth change (etcd 3.5: Unknown).
     #[error("auth: revision in header is old")]
     OldRevision,
+    /// The same, as etcd 3.6 and later answer it (their gRPC mapping,
+    /// rpctypes.ErrGRPCAuthOldRevision).
+    #[error("etcdserver: revision of auth store is old")]
+    OldRevisionGrpc,
     /// Authenticate with only a JWT public key (etcd: Unknown).
     #[error("auth: token signing attempted with verify-only key")]
     VerifyOnly,

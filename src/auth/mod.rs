@@ -62,6 +62,9 @@ pub struct AuthOptions {
     /// etcd's `--client-cert-auth`: a request without a token is the user
     /// its client certificate names.
     pub client_cert_auth: bool,
+    /// Answer a token of an old auth revision as etcd 3.6 and later do
+    /// (InvalidArgument) rather than as 3.5 (Unknown).
+    pub old_revision_as_grpc_error: bool,
 }
 
 /// How this instance issues and reads tokens (etcd's TokenProvider): made
@@ -416,7 +419,17 @@ impl Auth {
         key: &[u8],
         range_end: &[u8],
     ) -> Result<(), AuthError> {
-        self.state().op_permitted(caller, access, key, range_end)
+        self.as_emulated(self.state().op_permitted(caller, access, key, range_end))
+    }
+
+    /// A permission answer as the emulated etcd release words it.
+    fn as_emulated(&self, answer: Result<(), AuthError>) -> Result<(), AuthError> {
+        match answer {
+            Err(AuthError::OldRevision) if self.options.old_revision_as_grpc_error => {
+                Err(AuthError::OldRevisionGrpc)
+            }
+            answer => answer,
+        }
     }
 
     /// Range needs read on its range.
@@ -551,7 +564,7 @@ impl Auth {
             .lease_time_to_live(&LeaseTimeToLiveRequest { id, keys: true })
             .await?;
         for key in lease.keys {
-            state.op_permitted(caller, access, &key, b"")?;
+            self.as_emulated(state.op_permitted(caller, access, &key, b""))?;
         }
         Ok(())
     }

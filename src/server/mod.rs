@@ -200,6 +200,9 @@ async fn serve<B: Backend>(
             AuthOptions {
                 bcrypt_cost: config.bcrypt_cost,
                 client_cert_auth: config.client_cert_auth,
+                old_revision_as_grpc_error: crate::config::major_minor(
+                    &config.emulated_etcd_version,
+                ) >= (3, 6),
             },
         )
         .await?,
