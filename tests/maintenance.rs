@@ -119,10 +119,21 @@ async fn snapshot_restores_on_the_test_backend(etcdctl: &Path) {
     assert_eq!(got, want);
     assert!(want[0].contains("required revision has been compacted"));
     assert!(want[32].starts_with("rev 33 count 17"), "{}", want[32]);
-    assert_eq!(
+    let (mut got, mut want) = (
         hashes(&restored.endpoint(), 33).await,
-        hashes(&original.endpoint(), 33).await
+        hashes(&original.endpoint(), 33).await,
     );
+    if common::oracle().is_36_or_later() {
+        // At the compact revision (12) etcd 3.6+ answers the digest it kept
+        // when it compacted, naming the compaction before that one (none:
+        // -1); a restored or restarted server has kept none and names the
+        // compact revision itself, as a restarted etcd does. The digests
+        // themselves agree.
+        for answers in [&mut got, &mut want] {
+            answers[12] = answers[12].split(" compact").next().unwrap().to_string();
+        }
+    }
+    assert_eq!(got, want);
 
     // The restored store is a cluster of its own.
     let status = |endpoint: String| async move {
