@@ -478,8 +478,7 @@ fn status_row(line: &mut Line) -> Result<(), String> {
 
 /// `{"header": …, "members": [{"ID", "name", "peerURLs", "clientURLs"}]}`: one member,
 /// whose ID is the header's member_id; its client URL (normalized to `http://<addr>`)
-/// is compared. etcd shows the one peer URL it listens on; a single cetera server
-/// serves none and shows none (tests/kv.rs checks it has none), so at most one.
+/// is compared; it must show one peer URL, which differs.
 fn member_list_json(line: &mut Line) -> Result<(), String> {
     let json = line.json()?;
     let member_id = json.at_mut(&["header", "member_id"])?.clone();
@@ -495,12 +494,11 @@ fn member_list_json(line: &mut Line) -> Result<(), String> {
             "member ID {id} is not the header's member_id {member_id}"
         ));
     }
-    // etcd's one peer URL, or none from a single cetera server (etcd's JSON
-    // printer leaves out an empty list).
-    match members[0].remove("peerURLs") {
-        Ok(Json::Arr(urls)) if urls.len() <= 1 => Ok(()),
-        Err(_) => Ok(()),
-        Ok(urls) => Err(format!("peerURLs {urls}, want at most one")),
+    // Each shows one peer URL (etcd's, a single cetera server's
+    // --advertise-peer-url or peer listen address); they differ.
+    match members[0].remove("peerURLs")? {
+        Json::Arr(urls) if urls.len() == 1 => Ok(()),
+        urls => Err(format!("peerURLs {urls}, want one")),
     }
 }
 

@@ -507,10 +507,8 @@ async fn maintenance_and_cluster_for_etcdctl() {
     let me = &members.members()[0];
     assert_eq!(me.id(), header.member_id());
     assert_eq!(me.client_urls(), [server.endpoint()]);
-    // No peer URL: a single server serves none (etcd lists the one it
-    // listens on; nothing would answer on the one cetera would found a
-    // cluster with).
-    assert!(me.peer_urls().is_empty(), "{me:?}");
+    // The peer URL it would found a cluster with (the default peer listen address).
+    assert_eq!(me.peer_urls(), ["http://127.0.0.1:2380"]);
     assert_eq!(members.header().unwrap().cluster_id(), header.cluster_id());
     // etcd's one-member cluster takes a second member; a single cetera
     // server becomes a cluster only when restarted with --cluster-init.

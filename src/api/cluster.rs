@@ -28,16 +28,13 @@ impl ClusterService {
 }
 
 impl ClusterService {
-    /// The members as MemberList shows them. A single server serves no
-    /// peer URL, so it lists none: a runbook or script that takes peer URLs
-    /// from the list (to build an `--initial-cluster`) is not sent to a port
-    /// nothing answers on.
+    /// The members as MemberList shows them.
     fn members(&self) -> Vec<Member> {
         match &self.info.cluster {
             None => vec![Member {
                 id: self.info.identity.member_id,
                 name: self.info.name.clone(),
-                peer_ur_ls: Vec::new(),
+                peer_ur_ls: vec![self.info.peer_url.clone()],
                 client_ur_ls: self.info.client_urls.clone(),
                 is_learner: false,
             }],
@@ -85,12 +82,9 @@ fn membership_status(error: MembershipError) -> Status {
 }
 
 /// A single server has no other members to change. etcd would take the
-/// change (a one-member cluster accepts a second member, which then starts
-/// with --initial-cluster-state=existing); a single cetera server is not a
-/// Raft member and has no peer listener for a new member to catch up from:
-/// it becomes one only when restarted with --cluster-init. So the change
-/// fails its precondition at the runbook's first step, naming that step,
-/// rather than leave a learner behind that could never catch up.
+/// change (a one-member cluster accepts a second member); a single cetera
+/// server is not a Raft member and becomes one only when restarted with
+/// --cluster-init, so the change fails its precondition.
 fn single_server() -> Status {
     Status::failed_precondition(
         "cetera: a single server has no members to change; restart it with --cluster-init \

@@ -49,6 +49,10 @@ pub struct ServerInfo {
     pub name: String,
     /// Client URLs reported by MemberList.
     pub client_urls: Vec<String>,
+    /// The peer URL a single server reports in MemberList: the one it would
+    /// advertise as the founder of a cluster (`--advertise-peer-url`, else
+    /// its `--peer-listen-address`).
+    pub peer_url: String,
     /// Users, roles, tokens and the permission checks.
     pub auth: Arc<crate::auth::Auth>,
     /// The replicated cluster this server is a member of, if any.

@@ -216,6 +216,7 @@ async fn serve<B: Backend>(
         quota_backend_bytes: config.quota_backend_bytes,
         name: config.name.clone(),
         client_urls: config.client_urls(),
+        peer_url: config.peer_url(),
         auth,
         cluster: cluster.clone(),
     });
