@@ -49,7 +49,7 @@ CETERA_TEST_ETCD=3.5 cargo nextest run --workspace --no-fail-fast -E "$ORACLE_SU
 
 echo "=== Kubernetes' storage tests (k8s.io/apiserver etcd3 and cacher) on cetera, SQLite"
 # tools/k8s-tests/run.sh: a fresh cetera per test, the binary the tests above built.
-CETERA_BIN=target/debug/cetera tools/k8s-tests/run.sh --server cetera --backend sqlite || status=1
+CETERA_BIN=${CARGO_TARGET_DIR:-target}/debug/cetera tools/k8s-tests/run.sh --server cetera --backend sqlite || status=1
 
 echo "=== etcd3gw 2.7.0's own tests (a client of etcd's JSON gateway)"
 scripts/etcd3gw-suite.sh || status=1

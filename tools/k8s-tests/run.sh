@@ -29,6 +29,8 @@
 #     on purpose, and one at a time three of them fail on etcd as on cetera.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# A relative CETERA_BIN names a file from where the script was started (it changes folder).
+[[ -z "${CETERA_BIN:-}" ]] || CETERA_BIN=$(realpath "$CETERA_BIN")
 APISERVER_VERSION=v0.37.2
 ETCD_VERSION=v3.7.3
 
