@@ -61,10 +61,14 @@ CETERA_BIN=${CARGO_TARGET_DIR:-target}/debug/cetera scripts/k8s-control-plane.sh
 echo "=== differential suites against a follower of a 3-member cluster"
 CLUSTER_SUITES='binary(differential) | binary(kv) | binary(watch) | binary(lease) | binary(lock_election) | binary(auth) | binary(kubernetes) | binary(range_stream)'
 # Single-server behaviour (Status and MemberList of one server, restarts and
-# shutdown of the server process): nextest reports these 3 as skipped here.
-SINGLE_SERVER_ONLY='test(maintenance_and_cluster_for_etcdctl) | test(lease_keeps_remaining_time_across_restart) | test(shutdown_ends_waiting_calls_and_keeps_their_keys)'
+# shutdown of the server process): nextest reports these 4 as skipped here.
+SINGLE_SERVER_ONLY='test(maintenance_and_cluster_for_etcdctl) | test(lease_keeps_remaining_time_across_restart) | test(shutdown_ends_waiting_calls_and_keeps_their_keys) | test(server_chosen_lease_ids_increase_as_etcds_do)'
+# A 3-member etcd 3.7.3 resets a half-closed watch stream at its deadline
+# (Cancelled) where one member and cetera end it with DeadlineExceeded
+# (docs/api-coverage.md, "Differences from etcd").
+KNOWN_37_CLUSTER_DIFFERENCES='test(half_closed_stream_stays_open)'
 CETERA_TEST_CLUSTER=1 cargo nextest run --workspace --no-fail-fast \
-    -E "($CLUSTER_SUITES) - ($SINGLE_SERVER_ONLY)" "$@" || status=1
+    -E "($CLUSTER_SUITES) - ($SINGLE_SERVER_ONLY) - ($KNOWN_37_DIFFERENCES) - ($KNOWN_37_CLUSTER_DIFFERENCES)" "$@" || status=1
 
 for backend in postgres mysql; do
     port=5432
@@ -80,6 +84,6 @@ for backend in postgres mysql; do
     fi
     echo "=== integration tests on $backend"
     CETERA_TEST_BACKEND=$backend cargo nextest run --workspace --no-fail-fast \
-        -E 'kind(test) and not binary(cluster) and not binary(test_support)' "$@" || status=1
+        -E "kind(test) and not binary(cluster) and not binary(test_support) and not ($KNOWN_37_DIFFERENCES)" "$@" || status=1
 done
 exit $status
