@@ -1845,7 +1845,14 @@ async fn a_single_server_grows_by_etcds_runbook() {
     // "Member 5f5c4ce6d6635e45 added as learner to cluster 683e32c7b3dd5739"
     let added = ok(
         &first,
-        &["member", "add", "member-1", "--peer-urls", &peer_url, "--learner"],
+        &[
+            "member",
+            "add",
+            "member-1",
+            "--peer-urls",
+            &peer_url,
+            "--learner",
+        ],
     );
     assert!(added.contains("added as learner"), "{added}");
     let acked_before_the_add_returned = acked_so_far.load(Ordering::SeqCst);

@@ -529,11 +529,18 @@ async fn maintenance_and_cluster_for_etcdctl() {
                 .unwrap_err();
             let status = grpc_status(refused);
             assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-            assert!(status.message().contains("PostgreSQL or MySQL"), "{status:?}");
+            assert!(
+                status.message().contains("PostgreSQL or MySQL"),
+                "{status:?}"
+            );
         }
     }
     let refused = grpc_status(c.member_promote(me.id() + 1).await.unwrap_err());
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
 
     // Ids are chosen once and survive a restart.
     let mut server = server;
