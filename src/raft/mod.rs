@@ -17,18 +17,22 @@
 mod cluster;
 mod election;
 mod forwarder;
+mod leader_call;
 mod leadership;
 mod leases;
 mod log_store;
 mod member;
 mod membership;
 mod network;
+mod node;
 mod openraft_reports;
 mod peer;
+mod peer_error;
 mod prober;
 mod proposal;
 mod proposer;
 mod reachability;
+mod refusal;
 mod state_machine;
 
 use std::io::Cursor;
@@ -36,8 +40,9 @@ use std::io::Cursor;
 pub use self::cluster::{Cluster, ClusterOptions, JoinMode, PeerTls};
 pub use self::leadership::HandoverError;
 pub use self::member::Member;
-pub use self::membership::{MembershipChange, MembershipError};
+pub use self::membership::MembershipChange;
 pub use self::openraft_reports::is_per_call_report;
+pub use self::refusal::MembershipError;
 
 openraft::declare_raft_types!(
     /// openraft's types for cetera: proposals in, nothing out (answers travel

@@ -21,10 +21,9 @@ use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Raft;
-use super::membership::refusal_of;
 use super::network::{Method, Peers};
-use super::peer::Refusal;
 use super::proposal::{ENTRY_FORMAT, Proposal, Proposals};
+use super::refusal::{Refusal, refusal_of};
 use crate::store::request::WriteRequest;
 
 /// At most this many proposals in one entry.
