@@ -24,9 +24,9 @@ use openraft::storage::RaftLogStorage;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::LogId;
 use super::network::Method;
 use super::node::Node;
+use super::openraft_types::LogId;
 use super::peer_error::PeerError;
 
 /// A follower's lease on its leader: it votes for no one else while it heard

@@ -15,8 +15,8 @@ use openraft::ChangeMembers;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::Member;
 use super::leader_call::{LEADER_WAIT, REQUEST_TIMEOUT};
+use super::member::Member;
 use super::network::{Method, Peers};
 use super::node::{MemberStatus, Node};
 use super::peer_error::PeerError;

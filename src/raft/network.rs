@@ -23,9 +23,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::member::Member;
+use super::openraft_types::TypeConfig;
 use super::peer_error::PeerError;
 use super::reachability::Reachability;
-use super::{Member, TypeConfig};
 use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_client::PeerClient;

@@ -18,11 +18,12 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::watch;
 
 use super::log_store::LogStore;
+use super::member::Member;
 use super::network::Peers;
+use super::openraft_types::Raft;
 use super::proposal::Proposal;
 use super::proposer::Proposer;
 use super::refusal::Refusal;
-use super::{Member, Raft};
 use crate::store::{Leadership, Lessor};
 
 /// A member as MemberList shows it.

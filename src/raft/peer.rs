@@ -13,11 +13,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
-use super::TypeConfig;
 use super::election::PreVote;
 use super::membership::{JoinRequest, MembershipChange};
 use super::network::{MEMBER_HEADER, TOKEN_HEADER, count_received};
 use super::node::Node;
+use super::openraft_types::TypeConfig;
 use super::proposal::{ENTRY_FORMAT, Proposal};
 use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;

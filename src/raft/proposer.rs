@@ -20,8 +20,8 @@ use futures_util::future::join_all;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use super::Raft;
 use super::network::{Method, Peers};
+use super::openraft_types::Raft;
 use super::proposal::{ENTRY_FORMAT, Proposal, Proposals};
 use super::refusal::{Refusal, refusal_of};
 use crate::store::request::WriteRequest;

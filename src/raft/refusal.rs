@@ -5,7 +5,7 @@
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use serde::{Deserialize, Serialize};
 
-use super::Member;
+use super::member::Member;
 
 /// Why the leader did not do what a member asked.
 #[derive(Clone, Debug, Serialize, Deserialize)]
