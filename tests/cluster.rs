@@ -12,7 +12,9 @@
 //!   id; leadership moves under load, with the history checked; auth
 //!   changes apply on every member; peers over mutual TLS;
 //! - a single-node datastore becomes a cluster's founder in place and keeps
-//!   its keys and revisions; a member's datastore serves alone again.
+//!   its keys and revisions; a member's datastore serves alone again;
+//! - a single server grows by etcd's runbook (member add, start, promote)
+//!   without a restart, and loses nothing to a kill -9 right after.
 //!
 //! These run on SQLite only: replicated mode keeps its data there.
 
@@ -1780,4 +1782,166 @@ async fn a_follower_forwards_writes_at_once_in_few_calls() {
     }
     converges(&cluster, follower, leader, "gathered/").await;
     converges(&cluster, (leader + 2) % 3, leader, "gathered/").await;
+}
+
+/// etcd's runbook on a single server (issue 52, item 4), with etcdctl 3.7.3:
+/// `member add --learner`, start the member (`--join` and the token the
+/// server made up), `member promote`. The server founds a cluster with its
+/// data on the add, without a restart, while a client keeps writing: every
+/// write is answered once, or refused with an error clients retry. A kill -9
+/// right after the switch loses no acknowledged write, and the server,
+/// started again with the same flags, is the cluster's member. Both members
+/// then serve what was written before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_server_grows_by_etcds_runbook() {
+    let etcdctl = common::reference_binaries::etcdctl_37().expect("etcdctl 3.7.3");
+    let ctl = |endpoint: &str, args: &[&str]| {
+        let out = common::run_etcdctl(&etcdctl, endpoint, args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        (out.status.success(), stdout, stderr)
+    };
+    let ok = |endpoint: &str, args: &[&str]| {
+        let (success, stdout, stderr) = ctl(endpoint, args);
+        assert!(success, "etcdctl {args:?}: {stdout} {stderr}");
+        stdout
+    };
+    let mut cluster = Cluster::start_single().await;
+    let first = cluster.members[0].addr();
+    ok(&first, &["put", "before", "1"]);
+    // "lease 694d9b6ff1f0a80b granted with TTL(600s)"
+    let granted = ok(&first, &["lease", "grant", "600"]);
+    let lease = granted.split_whitespace().nth(1).unwrap().to_string();
+    ok(&first, &["put", "leased", "v", "--lease", &lease]);
+
+    // A client writes on through the switch, and until the kill.
+    let killed = Arc::new(AtomicBool::new(false));
+    let acked_so_far = Arc::new(AtomicUsize::new(0));
+    let writer = tokio::spawn({
+        let endpoint = cluster.members[0].endpoint();
+        let (killed, acked_so_far) = (killed.clone(), acked_so_far.clone());
+        async move {
+            let mut c = client(&[endpoint]).await;
+            let (mut acked, mut refused) = (Vec::new(), Vec::new());
+            for n in 0.. {
+                let key = format!("w{n:06}");
+                match c.put(key.as_str(), "v", None).await {
+                    Ok(_) => {
+                        acked.push(key);
+                        acked_so_far.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) if killed.load(Ordering::SeqCst) => break,
+                    Err(error) => refused.push(grpc_error(error)),
+                }
+            }
+            (acked, refused)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let newcomer = cluster.plan_member();
+    let peer_url = cluster.members[newcomer].peer_url.clone();
+    // "Member 5f5c4ce6d6635e45 added as learner to cluster 683e32c7b3dd5739"
+    let added = ok(
+        &first,
+        &[
+            "member",
+            "add",
+            "member-1",
+            "--peer-urls",
+            &peer_url,
+            "--learner",
+        ],
+    );
+    assert!(added.contains("added as learner"), "{added}");
+    let acked_before_the_add_returned = acked_so_far.load(Ordering::SeqCst);
+    let id = added.split_whitespace().nth(1).unwrap().to_string();
+    let listed = ok(&first, &["member", "list"]);
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+    assert!(
+        listed.contains(&format!("{id}, unstarted, , {peer_url}, , true")),
+        "{listed}"
+    );
+
+    // kill -9 right after the switch, with the client still writing.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    killed.store(true, Ordering::SeqCst);
+    cluster.members[0].kill();
+    let (acked, refused) = writer.await.unwrap();
+    assert!(
+        acked.len() > acked_before_the_add_returned,
+        "no write acknowledged through the log before the kill"
+    );
+    for (code, message) in &refused {
+        // What etcd answers while its leader changes; clients retry it.
+        assert_eq!(*code, tonic::Code::Unavailable, "{message}");
+    }
+
+    // Started again with the same flags (no --cluster-init): the member it
+    // was, with every acknowledged write.
+    cluster.members[0].restart().await;
+    let first = cluster.members[0].addr();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ctl(&first, &["put", "after-restart", "1"]).0 {
+        assert!(Instant::now() < deadline, "{}", cluster.members[0].log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut c = member_client(&cluster, 0).await;
+    let stored = keys_with_prefix(&mut c, "w").await;
+    let lost: Vec<_> = acked.iter().filter(|k| !stored.contains(*k)).collect();
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    assert_eq!(ok(&first, &["member", "list"]).lines().count(), 2);
+
+    // The member starts with --join and the token the server made up.
+    let mut token_path = cluster.members[0].datastore().into_os_string();
+    token_path.push(".token");
+    let token = std::fs::read_to_string(&token_path).expect("the made-up token");
+    cluster.use_token(token.trim());
+    cluster.start_member(newcomer).await;
+    let second = cluster.members[newcomer].addr();
+
+    // Promoted once it caught up.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (success, stdout, stderr) = ctl(&first, &["member", "promote", &id]);
+        if success {
+            assert!(stdout.contains("promoted"), "{stdout}");
+            break;
+        }
+        assert!(stderr.contains("in sync with leader"), "{stderr}");
+        assert!(Instant::now() < deadline, "not promoted: {stderr}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let listed = ok(&first, &["member", "list"]);
+    assert!(
+        listed.contains(&format!("{id}, started, member-1, {peer_url}")),
+        "{listed}"
+    );
+    assert!(!listed.contains("true"), "a learner left: {listed}");
+
+    // Writes through either member; both serve everything.
+    ok(&second, &["put", "after", "2"]);
+    ok(&first, &["put", "after", "3"]);
+    for endpoint in [&first, &second] {
+        assert_eq!(ok(endpoint, &["get", "before", "--print-value-only"]), "1");
+        assert_eq!(ok(endpoint, &["get", "after", "--print-value-only"]), "3");
+        assert_eq!(ok(endpoint, &["get", "leased", "--print-value-only"]), "v");
+        let live = ok(endpoint, &["lease", "timetolive", &lease, "--keys"]);
+        assert!(live.contains("attached keys([leased])"), "{live}");
+    }
+    let mut c = member_client(&cluster, newcomer).await;
+    let stored = keys_with_prefix(&mut c, "w").await;
+    let missing: Vec<_> = acked.iter().filter(|k| !stored.contains(*k)).collect();
+    assert!(missing.is_empty(), "missing on the new member: {missing:?}");
+}
+
+/// The keys under `prefix`, read linearizably.
+async fn keys_with_prefix(c: &mut Client, prefix: &str) -> std::collections::HashSet<String> {
+    let options = GetOptions::new().with_prefix().with_keys_only();
+    let resp = c.get(prefix, Some(options)).await.expect("get");
+    resp.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).to_string())
+        .collect()
 }

@@ -510,20 +510,37 @@ async fn maintenance_and_cluster_for_etcdctl() {
     // The peer URL it would found a cluster with (the default peer listen address).
     assert_eq!(me.peer_urls(), ["http://127.0.0.1:2380"]);
     assert_eq!(members.header().unwrap().cluster_id(), header.cluster_id());
-    // etcd's one-member cluster takes a second member; a single cetera
-    // server becomes a cluster only when restarted with --cluster-init.
-    for learner in [false, true] {
-        let options = learner.then(|| etcd_client::MemberAddOptions::new().with_is_learner());
-        let refused = c
-            .member_add(["http://127.0.0.1:2390"], options)
-            .await
-            .unwrap_err();
-        let etcd_client::Error::GRpcStatus(status) = refused else {
-            panic!("{refused:?}");
-        };
-        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-        assert!(status.message().contains("--cluster-init"), "{status:?}");
+    // etcd's one-member cluster takes a second member; so does a single
+    // cetera server on SQLite, which founds a cluster with its data first
+    // (tests/cluster.rs, `a_single_server_grows_by_etcds_runbook`). Servers
+    // sharing a PostgreSQL or MySQL database are no Raft members: refused.
+    // Nor has a single server another member to remove or promote.
+    let shared = common::datastore::test_backend() != common::datastore::TestBackend::Sqlite;
+    let grpc_status = |error: etcd_client::Error| match error {
+        etcd_client::Error::GRpcStatus(status) => status,
+        other => panic!("{other:?}"),
+    };
+    if shared {
+        for learner in [false, true] {
+            let options = learner.then(|| etcd_client::MemberAddOptions::new().with_is_learner());
+            let refused = c
+                .member_add(["http://127.0.0.1:2390"], options)
+                .await
+                .unwrap_err();
+            let status = grpc_status(refused);
+            assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+            assert!(
+                status.message().contains("PostgreSQL or MySQL"),
+                "{status:?}"
+            );
+        }
     }
+    let refused = grpc_status(c.member_promote(me.id() + 1).await.unwrap_err());
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
 
     // Ids are chosen once and survive a restart.
     let mut server = server;

@@ -1,6 +1,8 @@
 //! The Cluster service: a single server lists itself; a member of a
 //! replicated cluster lists the Raft membership and adds, updates, removes
-//! and promotes members through it, with etcd's rules and errors.
+//! and promotes members through it, with etcd's rules and errors. A single
+//! server on SQLite founds a cluster with its data on its first MemberAdd,
+//! as etcd's one-member cluster takes a second member.
 
 use std::sync::Arc;
 
@@ -14,23 +16,42 @@ use crate::proto::etcdserverpb::{
     MemberUpdateRequest, MemberUpdateResponse,
 };
 use crate::raft::{MembershipChange, MembershipError};
+use crate::store::BoxFuture;
 
-/// The Cluster service of a single server.
+/// Turns a single server into the founding member of a cluster that holds
+/// its data (`crate::server::founding`).
+pub trait Founder: Send + Sync + 'static {
+    /// Founds the cluster, once; the cluster this server is then a member of.
+    fn found(&self) -> BoxFuture<'_, anyhow::Result<Arc<crate::raft::Cluster>>>;
+}
+
+/// What a single server does with a membership change.
+#[derive(Clone)]
+pub enum SingleServer {
+    /// On SQLite: founds a cluster first, then makes the change in it.
+    Founds(Arc<dyn Founder>),
+    /// On a shared database: refuses it, saying why.
+    Refuses(&'static str),
+}
+
+/// The Cluster service of a server.
 pub struct ClusterService {
     info: Arc<ServerInfo>,
+    single: SingleServer,
 }
 
 impl ClusterService {
-    /// The service describing this server.
-    pub fn new(info: Arc<ServerInfo>) -> Self {
-        ClusterService { info }
+    /// The service describing this server, which `single` says how to grow
+    /// while it is not a cluster member.
+    pub fn new(info: Arc<ServerInfo>, single: SingleServer) -> Self {
+        ClusterService { info, single }
     }
 }
 
 impl ClusterService {
     /// The members as MemberList shows them.
     fn members(&self) -> Vec<Member> {
-        match &self.info.cluster {
+        match self.info.cluster() {
             None => vec![Member {
                 id: self.info.identity.member_id,
                 name: self.info.name.clone(),
@@ -54,8 +75,24 @@ impl ClusterService {
 
     /// Makes a membership change, with etcd's errors; the members afterwards.
     async fn change(&self, change: MembershipChange) -> Result<Vec<Member>, Status> {
-        let Some(cluster) = &self.info.cluster else {
-            return Err(single_server());
+        let cluster = match (self.info.cluster(), &self.single) {
+            (Some(cluster), _) => cluster.clone(),
+            // Only an addition grows a single server; it has no other
+            // member to remove, update or promote.
+            (None, SingleServer::Founds(founder))
+                if matches!(change, MembershipChange::Add { .. }) =>
+            {
+                founder.found().await.map_err(|error| {
+                    Status::unavailable(format!("cetera: cannot found a cluster: {error:#}"))
+                })?
+            }
+            (None, SingleServer::Founds(_)) => {
+                return Err(Status::failed_precondition(
+                    "cetera: a single server has no other member to change; `member add` \
+                     makes it the first member of a cluster",
+                ));
+            }
+            (None, SingleServer::Refuses(why)) => return Err(Status::failed_precondition(*why)),
         };
         cluster
             .change_membership(change)
@@ -81,16 +118,12 @@ fn membership_status(error: MembershipError) -> Status {
     Status::new(code, format!("etcdserver: {error}"))
 }
 
-/// A single server has no other members to change. etcd would take the
-/// change (a one-member cluster accepts a second member); a single cetera
-/// server is not a Raft member and becomes one only when restarted with
-/// --cluster-init, so the change fails its precondition.
-fn single_server() -> Status {
-    Status::failed_precondition(
-        "cetera: a single server has no members to change; restart it with --cluster-init \
-         (it keeps its data), then start the new member with --join",
-    )
-}
+/// Why a server on PostgreSQL or MySQL takes no members: its instances
+/// share the database, which keeps their data and replicates it; none of
+/// them is a Raft member.
+pub const SHARED_DATABASE: &str = "cetera: servers sharing a PostgreSQL or MySQL database are not \
+     Raft members: the database keeps and replicates the data; add a server by starting it \
+     on the same --endpoint";
 
 /// The one peer URL of a member, checked as etcd checks URLs: http or https,
 /// a host with a port, nothing after it. A cetera member has one peer URL.

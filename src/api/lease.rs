@@ -97,7 +97,7 @@ impl<B: Backend> Lease for LeaseService<B> {
             }
         });
         Ok(Response::new(Box::pin(end_without_leader(
-            self.info.cluster.as_ref(),
+            self.info.cluster(),
             &require_leader,
             Box::pin(responses),
         ))))

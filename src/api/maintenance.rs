@@ -170,7 +170,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             .collect();
         // A single node has no raft log; the revision counts its commits.
         let (leader, raft_index, raft_term, raft_applied_index, is_learner) =
-            match &self.info.cluster {
+            match self.info.cluster() {
                 None => (
                     self.info.identity.member_id,
                     revision as u64,
@@ -311,7 +311,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
         self.info
             .require_admin(request.metadata(), request.extensions())?;
         let target = request.get_ref().target_id;
-        let moved = match &self.info.cluster {
+        let moved = match self.info.cluster() {
             // A single server leads already, and nobody else can.
             None if target == self.info.identity.member_id => Ok(()),
             None => Err(HandoverError::BadTransferee),
@@ -338,7 +338,7 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
     ) -> Result<Response<DowngradeResponse>, Status> {
         self.info
             .require_admin(request.metadata(), request.extensions())?;
-        if self.info.cluster.is_some() {
+        if self.info.cluster().is_some() {
             // The state would have to be replicated, as etcd's cluster state is.
             return Err(Status::unimplemented(
                 "cetera: Downgrade is served only by a single server",

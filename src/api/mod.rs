@@ -55,8 +55,22 @@ pub struct ServerInfo {
     pub peer_url: String,
     /// Users, roles, tokens and the permission checks.
     pub auth: Arc<crate::auth::Auth>,
-    /// The replicated cluster this server is a member of, if any.
-    pub cluster: Option<Arc<crate::raft::Cluster>>,
+    /// The replicated cluster this server is a member of: set at start
+    /// (`--cluster-init`, `--join`), or when a single server founds one on
+    /// its first MemberAdd (see `crate::server::founding`).
+    pub cluster: ClusterSlot,
+}
+
+/// Where a server finds the cluster it is a member of, once it is one.
+pub type ClusterSlot = Arc<std::sync::OnceLock<Arc<crate::raft::Cluster>>>;
+
+/// A slot holding `cluster`, if any.
+pub fn cluster_slot(cluster: Option<Arc<crate::raft::Cluster>>) -> ClusterSlot {
+    let slot = ClusterSlot::default();
+    if let Some(cluster) = cluster {
+        let _ = slot.set(cluster);
+    }
+    slot
 }
 
 impl ServerInfo {
@@ -86,9 +100,13 @@ impl ServerInfo {
 
     /// The Raft term: the cluster's, or a single node's constant one.
     pub fn raft_term(&self) -> u64 {
-        self.cluster
-            .as_ref()
+        self.cluster()
             .map_or(RAFT_TERM, |cluster| cluster.status().term)
+    }
+
+    /// The replicated cluster this server is a member of, if it is one.
+    pub fn cluster(&self) -> Option<&Arc<crate::raft::Cluster>> {
+        self.cluster.get()
     }
 
     /// The caller of a request, as etcd's AuthInfoFromCtx finds it: the

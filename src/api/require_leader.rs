@@ -15,6 +15,7 @@ use tokio_stream::wrappers::WatchStream;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
+use super::ClusterSlot;
 use crate::raft::Cluster;
 
 /// etcd's rpctypes.MetadataRequireLeaderKey.
@@ -37,12 +38,13 @@ fn requires_leader(headers: &http::HeaderMap) -> bool {
 /// as etcd's unary and stream interceptors do.
 #[derive(Clone)]
 pub struct RequireLeaderLayer {
-    cluster: Option<Arc<Cluster>>,
+    cluster: ClusterSlot,
 }
 
 impl RequireLeaderLayer {
-    /// The layer for a member of `cluster` (none: a single server).
-    pub fn new(cluster: Option<Arc<Cluster>>) -> Self {
+    /// The layer for a server that is a member of the cluster in `cluster`
+    /// once it is one (a single server always has a leader).
+    pub fn new(cluster: ClusterSlot) -> Self {
         RequireLeaderLayer { cluster }
     }
 }
@@ -62,7 +64,7 @@ impl<S> tower::Layer<S> for RequireLeaderLayer {
 #[derive(Clone)]
 pub struct RequireLeader<S> {
     inner: S,
-    cluster: Option<Arc<Cluster>>,
+    cluster: ClusterSlot,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -81,7 +83,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let leaderless = self.cluster.as_ref().is_some_and(|c| !c.has_leader());
+        let leaderless = self.cluster.get().is_some_and(|c| !c.has_leader());
         if leaderless && requires_leader(request.headers()) {
             return Box::pin(async { Ok(no_leader().into_http()) });
         }

@@ -101,7 +101,7 @@ impl<B: Backend> WatchService<B> {
                 response
             })
         });
-        let responses = end_without_leader(self.info.cluster.as_ref(), &require_leader, responses);
+        let responses = end_without_leader(self.info.cluster(), &require_leader, responses);
         Ok(Response::new(Box::pin(UntilDeadline {
             inner: responses,
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),

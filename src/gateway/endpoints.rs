@@ -221,8 +221,7 @@ impl<B: Backend> Endpoints<B> {
     /// says so at once instead of waiting for a read to time out.
     fn has_leader(&self) -> bool {
         self.info
-            .cluster
-            .as_ref()
+            .cluster()
             .is_none_or(|cluster| cluster.has_leader())
     }
 
@@ -288,10 +287,10 @@ impl<B: Backend> Endpoints<B> {
     /// etcd 3.6's non_learner check: a learner is not ready.
     fn not_a_learner(&self) -> Result<(), String> {
         let me = self.info.identity.member_id;
-        let learner =
-            self.info.cluster.as_ref().is_some_and(|cluster| {
-                cluster.members().iter().any(|m| m.id == me && m.is_learner)
-            });
+        let learner = self
+            .info
+            .cluster()
+            .is_some_and(|cluster| cluster.members().iter().any(|m| m.id == me && m.is_learner));
         if learner {
             Err("not supported for learner".to_string())
         } else {

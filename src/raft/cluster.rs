@@ -135,6 +135,13 @@ impl Cluster {
         options: ClusterOptions,
         store: Arc<Store<B>>,
     ) -> anyhow::Result<Arc<Cluster>> {
+        // First, so that a port in use fails the start before anything
+        // changes (a single server founding a cluster keeps serving alone).
+        let peer_listener = tokio::net::TcpListener::bind(options.peer_listen_address)
+            .await
+            .with_context(|| {
+                format!("cannot listen for peers on {}", options.peer_listen_address)
+            })?;
         let log = LogStore::open(&options.log_dir, &options.old_log_path)
             .with_context(|| format!("cannot open the Raft log {}", options.log_dir.display()))?;
         let was_member = !log.is_empty();
@@ -153,9 +160,6 @@ impl Cluster {
         // the store may be behind its log; Raft applies the rest again,
         // exactly once thanks to the marks.
         store.replica().defer_durability().await?;
-        let waiters = Arc::new(Waiters::default());
-        let state_machine =
-            StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());
         let listen_ip = options.peer_listen_address.ip();
         let client_tls = options.tls.as_ref().map(|tls| {
             tonic::transport::ClientTlsConfig::new()
@@ -178,6 +182,11 @@ impl Cluster {
             }
         }
         let id = store.identity().member_id;
+        // After the id is final: the state machine answers the writes
+        // proposed with it.
+        let waiters = Arc::new(Waiters::default());
+        let state_machine =
+            StateMachine::new(store.clone(), waiters.clone(), options.scratch.clone());
         // A follower that stops hearing from its leader waits the leader's
         // lease (the longest election timeout) plus a random election timeout
         // before it stands: 0.95 to 1.2 s, so that a new leader follows a
@@ -240,9 +249,7 @@ impl Cluster {
         // From here on, no write of this member's own (lease expiry,
         // compaction) may bypass the log, even while it is still joining.
         store.replicate_through(cluster.clone());
-        cluster
-            .serve_peers(options.peer_listen_address, options.tls.as_ref())
-            .await?;
+        cluster.serve_peers(peer_listener, options.tls.as_ref())?;
         match &options.mode {
             JoinMode::Init => {
                 if !node.raft().is_initialized().await? {
@@ -348,14 +355,12 @@ impl Cluster {
         }
     }
 
-    async fn serve_peers(
+    fn serve_peers(
         self: &Arc<Self>,
-        address: SocketAddr,
+        listener: tokio::net::TcpListener,
         tls: Option<&PeerTls>,
     ) -> anyhow::Result<()> {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("cannot listen for peers on {address}"))?;
+        let address = listener.local_addr()?;
         let service = PeerServer::new(PeerService::new(self.node.clone()))
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);

@@ -1,6 +1,7 @@
 //! Wires a store to the gRPC services and serves them until shutdown.
 
 mod authority;
+mod founding;
 mod grpc_metrics;
 mod listeners;
 mod metrics_server;
@@ -11,9 +12,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::api::ServerInfo;
 use crate::api::auth::AuthService;
 use crate::api::cluster::ClusterService;
+use crate::api::cluster::{SHARED_DATABASE, SingleServer};
 use crate::api::election::ElectionService;
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
@@ -21,6 +22,7 @@ use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::require_leader::RequireLeaderLayer;
 use crate::api::watch::WatchService;
+use crate::api::{ClusterSlot, ServerInfo, cluster_slot};
 use crate::auth::{Auth, AuthOptions, TokenProvider};
 use crate::backend::Backend;
 use crate::backend::datastore::Datastore;
@@ -99,24 +101,39 @@ impl<S: Future<Output = ()> + Send> BackendJob for ServeJob<S> {
     }
 }
 
-/// The replicated-mode settings, when --cluster-init or --join is given.
+/// The replicated-mode settings: when --cluster-init or --join is given, or
+/// when the datastore founded a cluster on a MemberAdd (`founding`).
 fn cluster_options(config: &Config) -> anyhow::Result<Option<ClusterOptions>> {
-    if !config.replicated() {
-        return Ok(None);
-    }
+    let mode = match (&config.join, config.cluster_init) {
+        (Some(url), _) => JoinMode::Join { url: url.clone() },
+        (None, true) => JoinMode::Init,
+        (None, false) => match Datastore::parse(&config.endpoint)? {
+            Datastore::Sqlite(path) if founding::marker_path(&path).exists() => {
+                tracing::info!(
+                    marker = %founding::marker_path(&path).display(),
+                    "this datastore founded a cluster on member add: starting as its member"
+                );
+                JoinMode::Init
+            }
+            _ => return Ok(None),
+        },
+    };
+    member_options(config, mode).map(Some)
+}
+
+/// The settings of this server as a cluster member that comes in by `mode`.
+fn member_options(config: &Config, mode: JoinMode) -> anyhow::Result<ClusterOptions> {
     let Datastore::Sqlite(path) = Datastore::parse(&config.endpoint)? else {
-        unreachable!("run checked that a cluster member is on SQLite");
+        anyhow::bail!(
+            "a replicated cluster keeps its data in SQLite: --endpoint must name an SQLite file"
+        );
     };
     let beside = |suffix: &str| {
         let mut name = path.as_os_str().to_owned();
         name.push(suffix);
         std::path::PathBuf::from(name)
     };
-    let mode = match &config.join {
-        Some(url) => JoinMode::Join { url: url.clone() },
-        None => JoinMode::Init,
-    };
-    Ok(Some(ClusterOptions {
+    Ok(ClusterOptions {
         mode,
         token: config.token.clone(),
         peer_listen_address: config.peer_listen_address,
@@ -130,7 +147,27 @@ fn cluster_options(config: &Config) -> anyhow::Result<Option<ClusterOptions>> {
         token_path: beside(".token"),
         scratch: beside(".snapshots"),
         tls: peer_tls(config)?,
-    }))
+    })
+}
+
+/// How this server, while it is not a cluster member, takes a MemberAdd:
+/// on SQLite it founds a cluster with its store first; on a shared
+/// database it refuses (the database replicates the data).
+fn single_server<B: Backend>(
+    config: &Config,
+    store: &Arc<Store<B>>,
+    slot: &ClusterSlot,
+) -> anyhow::Result<SingleServer> {
+    let Datastore::Sqlite(path) = Datastore::parse(&config.endpoint)? else {
+        return Ok(SingleServer::Refuses(SHARED_DATABASE));
+    };
+    let founding = founding::Founding::new(
+        member_options(config, JoinMode::Init)?,
+        store.clone(),
+        slot.clone(),
+        founding::marker_path(&path),
+    );
+    Ok(SingleServer::Founds(Arc::new(founding)))
 }
 
 /// The peer TLS files, read; all three or none.
@@ -190,6 +227,7 @@ async fn serve<B: Backend>(
             .map_or(store.identity().cluster_id, |c| c.cluster_id()),
         member_id: store.identity().member_id,
     };
+    let cluster = cluster_slot(cluster);
     if let Some(readiness) = &serving.readiness {
         readiness.store_opened(store.clone());
     }
@@ -259,7 +297,10 @@ async fn serve<B: Backend>(
     ));
     let lease = Arc::new(LeaseService::new(store.clone(), info.clone()));
     let maintenance = Arc::new(MaintenanceService::new(store.clone(), info.clone()));
-    let cluster_service = Arc::new(ClusterService::new(info.clone()));
+    let cluster_service = Arc::new(ClusterService::new(
+        info.clone(),
+        single_server(&config, &store, &cluster)?,
+    ));
     let auth_service = Arc::new(AuthService::new(store.clone(), info.clone()));
     let lock = Arc::new(LockService::new(
         store.clone(),
@@ -373,9 +414,10 @@ async fn serve<B: Backend>(
     // only once nothing does.
     let _ = auth_follower.await;
     drop(info);
-    if let Some(cluster) = cluster {
+    if let Some(cluster) = cluster.get() {
         cluster.shutdown().await;
     }
+    drop(cluster);
     tracing::info!("stopped serving; finishing queued writes");
     match Arc::try_unwrap(store) {
         Ok(store) => store.shutdown().await,

@@ -46,7 +46,9 @@ use self::lease_ids::LeaseIds;
 use self::publisher::Publisher;
 use self::request::{AlarmChange, Answer, AuthWrite, Queued, WriteRequest};
 use self::routing::Writes;
-pub use self::routing::{BoxFuture, Leadership, LeaseCall, Lessor, LocalWriter, Replication};
+pub use self::routing::{
+    BoxFuture, DirectWritesPaused, Leadership, LeaseCall, Lessor, LocalWriter, Replication,
+};
 use crate::backend::{
     AlarmRow, Backend, DatabaseSize, DiskFull, LeaseRow, ReadTxn, Revisions, WriteTxn,
 };
@@ -217,9 +219,27 @@ impl<B: Backend> Store<B> {
     }
 
     /// Sends every later write through `replication`, which applies them here
-    /// through `local_writer`. Done once, right after opening.
+    /// through `local_writer`. Done once: right after opening, or while
+    /// direct writes are paused (`pause_direct_writes`).
     pub fn replicate_through(&self, replication: Arc<dyn Replication>) {
         self.writes.replicate_through(replication);
+    }
+
+    /// Makes a serving single store ready to become a cluster member: waits
+    /// until every write sent straight to the writer is answered and holds
+    /// later ones until the returned pause is dropped; then stores the lease
+    /// deadlines keep-alives moved in memory and stops answering keep-alives
+    /// from memory (in a cluster the leader holds the deadlines), so that
+    /// the store a founding snapshot copies holds every promise made.
+    pub async fn pause_direct_writes(&self) -> StoreResult<DirectWritesPaused> {
+        let paused = self.writes.pause_direct_writes().await;
+        if let Some(deadlines) = &self.lease_deadlines {
+            let stored = lease_deadlines::Stored::at_stop(deadlines);
+            let mut txn = self.backend.write().await?;
+            stored.write(&mut txn).await?;
+            txn.commit().await?;
+        }
+        Ok(paused)
     }
 
     /// The local writer, for the replicated log's entries.

@@ -80,6 +80,17 @@ pub trait Lessor: Send + Sync + 'static {
 pub(crate) struct Writes {
     queue: mpsc::WeakSender<Queued>,
     replication: Arc<OnceLock<Arc<dyn Replication>>>,
+    /// Held (shared) by every write on its way straight to the writer; held
+    /// alone while a single server turns into a cluster's founding member
+    /// (`pause_direct_writes`), so that no write reaches the store around
+    /// the log once the log takes over.
+    direct: Arc<tokio::sync::RwLock<()>>,
+}
+
+/// Held while a single server becomes a cluster member: writes wait, and
+/// once it is dropped they go the way the store's writes go then.
+pub struct DirectWritesPaused {
+    _held: tokio::sync::OwnedRwLockWriteGuard<()>,
 }
 
 impl Writes {
@@ -88,11 +99,20 @@ impl Writes {
         Writes {
             queue: queue.downgrade(),
             replication: Arc::default(),
+            direct: Arc::default(),
         }
     }
 
-    /// Sends every later write through `replication`. Done once, right
-    /// after opening.
+    /// Waits until every write sent straight to the writer is answered, and
+    /// holds later ones until the pause is dropped (see `Writes::send`).
+    pub(super) async fn pause_direct_writes(&self) -> DirectWritesPaused {
+        DirectWritesPaused {
+            _held: self.direct.clone().write_owned().await,
+        }
+    }
+
+    /// Sends every later write through `replication`. Done once: right
+    /// after opening, or while direct writes are paused.
     pub(super) fn replicate_through(&self, replication: Arc<dyn Replication>) {
         if self.replication.set(replication).is_err() {
             tracing::warn!("the store already has a replicated log");
@@ -104,7 +124,18 @@ impl Writes {
         let _pending = GaugeGuard::new(&metrics().proposals_pending);
         let answer = match self.replication.get() {
             Some(replication) => replication.propose(request, apply::now_ms()).await,
-            None => self.local(request).await,
+            None => {
+                // Looked at again once past the gate: a pause may have set a
+                // replicated log meanwhile.
+                let direct = self.direct.read().await;
+                match self.replication.get() {
+                    Some(replication) if request.is_replicated() => {
+                        drop(direct);
+                        replication.propose(request, apply::now_ms()).await
+                    }
+                    _ => self.local(request).await,
+                }
+            }
         };
         if let Err(error) = &answer
             && error.is_failed_proposal()

@@ -1,5 +1,7 @@
 //! A replicated cetera cluster for tests: N members on one SQLite file each,
-//! the first founding the cluster (`--cluster-init`), the others joining it.
+//! the first founding the cluster (`--cluster-init`, or as a single server
+//! that MemberAdd turns into the founder: `start_single`), the others
+//! joining it.
 //! Member i serves peers on 127.0.0.(i+2) and sends from that address (never
 //! 127.0.0.1, where every test server takes its client port, so that a peer
 //! port is never taken by another test's server), and
@@ -162,6 +164,11 @@ pub struct Cluster {
     extra_args: Vec<String>,
     /// Where members keep their data, if not beside their logs.
     data_root: Option<PathBuf>,
+    /// The token joining members give, if not `TOKEN` (see `use_token`).
+    token: Option<String>,
+    /// Whether the first member starts as a single server, without cluster
+    /// flags (`start_single`).
+    single_founder: bool,
     _dir: TempDir,
 }
 
@@ -214,6 +221,8 @@ impl Cluster {
             proxied,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             data_root: data_root.map(Path::to_path_buf),
+            token: None,
+            single_founder: false,
             _dir: dir,
         };
         for i in 0..n {
@@ -222,6 +231,29 @@ impl Cluster {
             cluster.start_member(member).await;
         }
         cluster
+    }
+
+    /// Starts a single server, with neither cluster flags nor a token, that
+    /// MemberAdd turns into a cluster's founder; later members (`plan_member`)
+    /// join it with the token it made up (`use_token`). Members reach each
+    /// other directly.
+    pub async fn start_single() -> Cluster {
+        let mut cluster = Cluster::launch(0, None, false, &[], None).await;
+        cluster.single_founder = true;
+        let founder = cluster.plan_member();
+        cluster.start_member(founder).await;
+        cluster
+    }
+
+    /// Joining members not started yet give `token` (the one a single
+    /// server made up when MemberAdd founded the cluster).
+    pub fn use_token(&mut self, token: &str) {
+        self.token = Some(token.to_string());
+        for member in self.members.iter_mut().filter(|m| m.runs == 0) {
+            if let Some(at) = member.args.iter().position(|a| a == "--token") {
+                member.args[at + 1] = token.to_string();
+            }
+        }
     }
 
     /// Adds a member that is not started yet and returns its index: it
@@ -256,8 +288,6 @@ impl Cluster {
         let mut args = vec![
             "--name".to_string(),
             format!("member-{i}"),
-            "--token".to_string(),
-            TOKEN.to_string(),
             "--peer-listen-address".to_string(),
             peer.to_string(),
             "--advertise-peer-url".to_string(),
@@ -265,11 +295,15 @@ impl Cluster {
         ];
         args.extend(self.extra_args.iter().cloned());
         match &self.founder_url {
+            None if self.single_founder => self.founder_url = Some(peer_url.clone()),
             None => {
+                args.extend(["--token".to_string(), TOKEN.to_string()]);
                 args.push("--cluster-init".to_string());
                 self.founder_url = Some(peer_url.clone());
             }
             Some(founder) => {
+                let token = self.token.as_deref().unwrap_or(TOKEN);
+                args.extend(["--token".to_string(), token.to_string()]);
                 args.push("--join".to_string());
                 args.push(founder.clone());
             }
