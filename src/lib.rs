@@ -51,16 +51,26 @@
 //! - `watch` (`src/watch/`): one Watch stream's session, with etcd's watcher
 //!   rules (`session.rs`).
 //! - `raft` (`src/raft/`): replicated mode, the store as openraft's state
-//!   machine: a member (`cluster.rs`), joining and membership
-//!   (`membership.rs`, `member.rs`), leadership handover (`leadership.rs`),
+//!   machine. Top-down, no file importing one above it: a member
+//!   (`cluster.rs`) and the server side of its peer service (`peer.rs`);
+//!   the parts, each working on the member's Raft node: joining and
+//!   membership (`membership.rs`), leadership handover (`leadership.rs`),
 //!   elections after a pre-vote (`election.rs`), lease calls for the
-//!   leader (`leases.rs`), the log (`log_store.rs`; `log_store/legacy.rs`
-//!   carries an older cetera's SQLite log over), its entries (`proposal.rs`),
-//!   the leader's proposals gathered into entries (`proposer.rs`), a
-//!   follower's sent to the leader together (`forwarder.rs`), the state machine
-//!   (`state_machine.rs`), the peer service (`network.rs` client side,
-//!   `peer.rs` server side, both counting etcd's peer metrics), the
-//!   probes of the other members (`prober.rs`).
+//!   leader (`leases.rs`), the probes of the other members (`prober.rs`),
+//!   and the one loop that has the leader take a write, give a read index
+//!   or answer a lease call, each with its own resend rules
+//!   (`leader_call.rs`); the node and the state the parts share
+//!   (`node.rs`); the leader's proposals gathered into entries
+//!   (`proposer.rs`), a follower's sent to the leader together
+//!   (`forwarder.rs`), the client side of the peer service (`network.rs`,
+//!   each peer's reachability for the log in `reachability.rs`, a failed
+//!   call in `peer_error.rs`), the state machine (`state_machine.rs`), the
+//!   log (`log_store.rs`; `log_store/legacy.rs` carries an older cetera's
+//!   SQLite log over); at the bottom openraft's types for cetera
+//!   (`openraft_types.rs`) and its per-call reports (`openraft_reports.rs`),
+//!   the log's entries (`proposal.rs`), a leader's refusals
+//!   (`refusal.rs`), a member's addresses (`member.rs`). Both sides of the
+//!   peer service count etcd's peer metrics.
 //! - `store` (`src/store/`): etcd's semantics, written once. `mod.rs` is
 //!   `Store`: reads on snapshots, writes as `request.rs`'s `WriteRequest`s
 //!   through `routing.rs` (the replicated log, or the local writer) to
@@ -84,7 +94,8 @@
 //!   (`sqlite/`, with its record log in front, `postgres/`, `mysql/`); shared: row decoding (`rows.rs`),
 //!   streamed ranges (`range_stream.rs`), other instances' commits
 //!   (`changes.rs`), one-key Ranges gathered into few statements on the
-//!   server databases (`key_reads.rs`), what an endpoint names (`datastore.rs`), opening any
+//!   server databases (`key_reads.rs`), what a server database's write
+//!   transaction read ahead or wrote (`read_ahead.rs`), what an endpoint names (`datastore.rs`), opening any
 //!   datastore (`open.rs`), the settings rows (`settings.rs`), cetera's
 //!   SQLite snapshots (`snapshot.rs`).
 //! - `frame_file` (`src/frame_file.rs`): checksummed frames in a preallocated

@@ -12,6 +12,7 @@ pub mod mysql;
 pub mod open;
 pub mod postgres;
 pub mod range_stream;
+mod read_ahead;
 mod rows;
 pub mod settings;
 pub mod snapshot;

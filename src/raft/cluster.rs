@@ -1,43 +1,45 @@
 //! One member of a replicated cluster: starts Raft on the store, serves the
 //! peer service, joins or founds the cluster, and carries this member's
-//! writes and linearizable reads through the log (`Replication`).
+//! writes, linearizable reads and lease calls to the leader (`Replication`).
+//! What it is made of lies below it in the folder: its Raft node and the
+//! state its parts share (`node`), the loop that asks the leader
+//! (`leader_call`), and the parts that work on the node (`election`,
+//! `leadership`, `membership`, `leases`, `prober`, the peer service `peer`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::{RaftMetrics, SnapshotPolicy};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::election::{LeaderHeard, campaign_when_leaderless, monitor_leader};
+use super::election::{campaign_when_leaderless, monitor_leader};
 use super::forwarder::Forwarder;
+use super::leader_call::{REQUEST_TIMEOUT, ReadIndex, Write};
+use super::leadership::HandoverError;
+use super::leases::LeaseCallToLeader;
 use super::log_store::LogStore;
-use super::membership::ask_leader;
-use super::network::{Method, PeerError, Peers};
-use super::peer::{JoinRequest, Joined, PeerService, Refusal};
+use super::member::Member;
+use super::membership::{JoinRequest, Joined, MembershipChange, ask_to_join};
+use super::network::{Method, Peers};
+use super::node::{LeadingSince, MemberStatus, Node, clock_ns};
+use super::openraft_types::Raft;
+use super::peer::PeerService;
 use super::prober::probe_members;
 use super::proposal::{Proposal, Waiters};
-use super::proposer::Proposer;
+use super::refusal::MembershipError;
 use super::state_machine::StateMachine;
-use super::{Member, Raft};
 use crate::backend::Backend;
 use crate::proto::ceterapb::peer_server::PeerServer;
 use crate::store::request::{WriteRequest, WriteResponse};
 use crate::store::{
     BoxFuture, Leadership, LeaseCall, Lessor, Replication, Store, StoreError, StoreResult,
 };
-
-/// How long a write or a linearizable read may take before it fails with
-/// etcd's "request timed out".
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a request waits for an election to end before "no leader".
-pub(super) const LEADER_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a new member may take to apply the log it holds once the
 /// leader promoted it, before it serves clients.
@@ -113,89 +115,17 @@ pub struct RaftStatus {
     pub applied_index: u64,
 }
 
-/// A member as MemberList shows it.
-#[derive(Clone, Debug)]
-pub struct MemberStatus {
-    /// Its id.
-    pub id: u64,
-    /// Its addresses.
-    pub member: Member,
-    /// Whether it only follows the log without a vote.
-    pub is_learner: bool,
-}
-
 /// A running member of a replicated cluster.
 pub struct Cluster {
-    id: u64,
-    cluster_id: AtomicU64,
-    token: String,
-    raft: Raft,
-    metrics: watch::Receiver<RaftMetrics<u64, Member>>,
-    peers: Peers,
+    /// Its Raft node, which the peer service and the background tasks share.
+    node: Arc<Node>,
     waiters: Arc<Waiters>,
-    /// Puts this member's proposals in the log while it leads.
-    proposer: Proposer,
     /// Sends this member's proposals to the leader while it follows.
     forwarder: Forwarder,
     /// Numbers this member's proposals; starts at the clock so that entries
     /// proposed before a restart never answer a waiter after it.
     next_seq: AtomicU64,
     peer_server: std::sync::Mutex<Option<JoinHandle<()>>>,
-    /// Held while the leader changes the membership or hands over its
-    /// leadership: one change at a time.
-    changing: tokio::sync::Mutex<()>,
-    /// Set while the leader hands over: it takes no writes and confirms no
-    /// reads meanwhile.
-    handing_over: AtomicBool,
-    /// Writes on their way into the log through this member as leader.
-    writing: AtomicUsize,
-    /// When this member last heard from a leader (see `election`).
-    leader_heard: LeaderHeard,
-    /// Counts the times streams that require a leader were ended for the
-    /// lack of one (see `election::monitor_leader`).
-    leader_streams_ended: watch::Sender<u64>,
-    /// The replicated log, as openraft keeps it.
-    log: LogStore,
-    /// The store's lessor, which answers lease calls while this member
-    /// leads (see `leases`).
-    lessor: Weak<dyn Lessor>,
-    /// This member's latest leadership, noted as soon as Raft reports it
-    /// (`report_leadership`): the leases' deadlines count from it.
-    leading: Arc<LeadingSince>,
-}
-
-/// When this member began to lead, per term.
-#[derive(Debug, Default)]
-struct LeadingSince(std::sync::Mutex<Option<Leadership>>);
-
-impl LeadingSince {
-    /// This member's leadership in `term`, begun now unless already noted.
-    fn note(&self, term: u64) -> Leadership {
-        let mut leading = self.0.lock().expect("leadership poisoned");
-        match *leading {
-            Some(known) if known.term == term => known,
-            _ => *leading.insert(Leadership {
-                term,
-                since_ms: (clock_ns() / 1_000_000) as i64,
-            }),
-        }
-    }
-}
-
-/// Counts one write in `Cluster::writing` while it lives.
-struct Writing<'a>(&'a AtomicUsize);
-
-impl<'a> Writing<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Writing(count)
-    }
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 impl Cluster {
@@ -246,7 +176,7 @@ impl Cluster {
         {
             // A member MemberAdd made for this peer URL: this server is it.
             let reserved: Option<u64> =
-                ask_leader(&peers, url, Method::Reserved, &options.member.peer_url).await?;
+                ask_to_join(&peers, url, Method::Reserved, &options.member.peer_url).await?;
             if let Some(id) = reserved {
                 store.adopt_member_id(id).await?;
             }
@@ -292,44 +222,39 @@ impl Cluster {
         .context("cannot start Raft")?;
         // The id is final: the peer metrics count from here on.
         peers.count_as(id, raft.metrics());
-        let cluster = Arc::new(Cluster {
+        let node = Arc::new(Node::new(
             id,
-            cluster_id: AtomicU64::new(store.identity().cluster_id),
+            store.identity().cluster_id,
             token,
-            metrics: raft.metrics(),
-            proposer: Proposer::start(id, raft.clone(), peers.clone()),
-            forwarder: Forwarder::new(peers.clone(), REQUEST_TIMEOUT),
             raft,
-            peers,
+            peers.clone(),
+            log,
+            Arc::downgrade(&store) as Weak<dyn Lessor>,
+        ));
+        let cluster = Arc::new(Cluster {
+            node: node.clone(),
             waiters,
+            forwarder: Forwarder::new(peers, REQUEST_TIMEOUT),
             next_seq: AtomicU64::new(clock_ns()),
             peer_server: std::sync::Mutex::new(None),
-            changing: tokio::sync::Mutex::new(()),
-            handing_over: AtomicBool::new(false),
-            writing: AtomicUsize::new(0),
-            leader_heard: LeaderHeard::default(),
-            leader_streams_ended: watch::Sender::new(0),
-            log,
-            lessor: Arc::downgrade(&store) as Weak<dyn Lessor>,
-            leading: Arc::default(),
         });
         tokio::spawn(report_leadership(
             id,
-            cluster.metrics.clone(),
-            cluster.leading.clone(),
+            node.metrics().clone(),
+            node.leading_since(),
         ));
-        tokio::spawn(campaign_when_leaderless(Arc::downgrade(&cluster)));
-        tokio::spawn(monitor_leader(Arc::downgrade(&cluster)));
-        tokio::spawn(probe_members(Arc::downgrade(&cluster)));
+        tokio::spawn(campaign_when_leaderless(Arc::downgrade(&node)));
+        tokio::spawn(monitor_leader(Arc::downgrade(&node)));
+        tokio::spawn(probe_members(Arc::downgrade(&node)));
         // From here on, no write of this member's own (lease expiry,
         // compaction) may bypass the log, even while it is still joining.
         store.replicate_through(cluster.clone());
         cluster.serve_peers(peer_listener, options.tls.as_ref())?;
         match &options.mode {
             JoinMode::Init => {
-                if !cluster.raft.is_initialized().await? {
+                if !node.raft().is_initialized().await? {
                     let members = BTreeMap::from([(id, options.member.clone())]);
-                    cluster.raft.initialize(members).await?;
+                    node.raft().initialize(members).await?;
                     cluster.start_log_after_the_data().await?;
                     tracing::info!(member_id = format_args!("{id:x}"), "founded a cluster");
                 }
@@ -341,13 +266,10 @@ impl Cluster {
                         member: options.member.clone(),
                     };
                     let joined: Joined =
-                        ask_leader(&cluster.peers, url, Method::Join, &request).await?;
-                    cluster
-                        .cluster_id
-                        .store(joined.cluster_id, Ordering::Relaxed);
+                        ask_to_join(node.peers(), url, Method::Join, &request).await?;
+                    node.set_cluster_id(joined.cluster_id);
                     store.replica().adopt_cluster_id(joined.cluster_id).await?;
-                    cluster
-                        .raft
+                    node.raft()
                         .wait(Some(JOIN_APPLY_TIMEOUT))
                         .applied_index_at_least(Some(joined.caught_up_to), "caught up")
                         .await
@@ -371,87 +293,35 @@ impl Cluster {
 
     /// The cluster id, as response headers report it.
     pub fn cluster_id(&self) -> u64 {
-        self.cluster_id.load(Ordering::Relaxed)
+        self.node.cluster_id()
     }
 
-    /// The Raft member.
-    pub(super) fn raft(&self) -> &Raft {
-        &self.raft
+    /// The members, voters and learners, by id.
+    pub fn members(&self) -> Vec<MemberStatus> {
+        self.node.members()
     }
 
-    /// The cluster token peers must present.
-    pub(super) fn token(&self) -> &str {
-        &self.token
-    }
-
-    /// This member's id.
-    pub(super) fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Connections to the other members.
-    pub(super) fn peers(&self) -> &Peers {
-        &self.peers
-    }
-
-    /// Raft's view of this member, kept current.
-    pub(super) fn metrics(&self) -> &watch::Receiver<RaftMetrics<u64, Member>> {
-        &self.metrics
-    }
-
-    /// Held for a membership change or a handover.
-    pub(super) fn changing(&self) -> &tokio::sync::Mutex<()> {
-        &self.changing
-    }
-
-    /// While set, this member takes no writes and confirms no linearizable
-    /// reads as leader (see `leadership`).
-    pub(super) fn handing_over(&self) -> &AtomicBool {
-        &self.handing_over
-    }
-
-    /// The store's lessor, unless the store is gone.
-    pub(super) fn lessor(&self) -> Option<Arc<dyn Lessor>> {
-        self.lessor.upgrade()
-    }
-
-    /// The replicated log.
-    pub(super) fn log(&self) -> &LogStore {
-        &self.log
-    }
-
-    /// Notes that the leader was heard from just now.
-    pub(super) fn heard_from_leader(&self) {
-        self.leader_heard.touch();
-    }
-
-    /// Whether the leader was heard from within `within`.
-    pub(super) fn heard_from_leader_within(&self, within: Duration) -> bool {
-        self.leader_heard.within(within)
+    /// Whether the etcd API counts this member as having a leader (see
+    /// `election`).
+    pub fn has_leader(&self) -> bool {
+        self.node.has_leader()
     }
 
     /// Changes each time the streams that require a leader must end for the
     /// lack of one: etcd's monitorLeader cancelling them.
     pub fn leader_lost(&self) -> watch::Receiver<u64> {
-        self.leader_streams_ended.subscribe()
+        self.node.leader_lost()
     }
 
-    /// Ends the streams that require a leader (see `leader_lost`).
-    pub(super) fn end_leader_streams(&self) {
-        self.leader_streams_ended.send_modify(|ended| *ended += 1);
+    /// Adds, updates, removes or promotes a member (see `membership`).
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), MembershipError> {
+        self.node.change_membership(change).await
     }
 
-    /// Writes on their way into the log through this member as leader.
-    pub(super) fn writes_in_flight(&self) -> usize {
-        self.writing.load(Ordering::SeqCst)
-    }
-
-    /// Fails unless this member leads, naming the leader it knows.
-    pub(super) fn check_leading(&self) -> Result<(), Refusal> {
-        match self.leader() {
-            Some((leader, _)) if leader == self.id => Ok(()),
-            other => Err(Refusal::NotLeader(other)),
-        }
+    /// Makes `target` the leader, as etcd's MoveLeader does (see
+    /// `leadership`).
+    pub async fn move_leader(&self, target: u64) -> Result<(), HandoverError> {
+        self.node.move_leader(target).await
     }
 
     /// Leader, term and log positions as this member sees them. The leader
@@ -460,8 +330,8 @@ impl Cluster {
     /// where etcd's raft forgets it once it stands for election, an
     /// election timeout after the leader fell silent.
     pub fn status(&self) -> RaftStatus {
-        let has_leader = self.has_leader();
-        let metrics = self.metrics.borrow();
+        let has_leader = self.node.has_leader();
+        let metrics = self.node.metrics().borrow();
         RaftStatus {
             leader: metrics.current_leader.filter(|_| has_leader),
             term: metrics.current_term,
@@ -470,24 +340,9 @@ impl Cluster {
         }
     }
 
-    /// The members, voters and learners, by id.
-    pub fn members(&self) -> Vec<MemberStatus> {
-        let metrics = self.metrics.borrow();
-        let membership = metrics.membership_config.membership();
-        let voters: BTreeSet<u64> = membership.voter_ids().collect();
-        membership
-            .nodes()
-            .map(|(id, member)| MemberStatus {
-                id: *id,
-                member: member.clone(),
-                is_learner: !voters.contains(id),
-            })
-            .collect()
-    }
-
     /// Stops Raft and the peer service.
     pub async fn shutdown(&self) {
-        if let Err(error) = self.raft.shutdown().await {
+        if let Err(error) = self.node.raft().shutdown().await {
             tracing::warn!("Raft did not stop cleanly: {error}");
         }
         if let Some(server) = self
@@ -506,7 +361,7 @@ impl Cluster {
         tls: Option<&PeerTls>,
     ) -> anyhow::Result<()> {
         let address = listener.local_addr()?;
-        let service = PeerServer::new(PeerService::new(self.clone()))
+        let service = PeerServer::new(PeerService::new(self.node.clone()))
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         // Raft messages are small writes; Nagle's algorithm would hold them back.
@@ -544,9 +399,10 @@ impl Cluster {
     /// store held before it was a cluster (a converted single node's keys
     /// are not in the log).
     async fn start_log_after_the_data(&self) -> anyhow::Result<()> {
-        let id = self.id;
+        let id = self.node.id();
         let leading = self
-            .raft
+            .node
+            .raft()
             .wait(Some(Duration::from_secs(30)))
             .metrics(
                 |m| m.current_leader == Some(id) && m.last_applied.is_some(),
@@ -554,170 +410,23 @@ impl Cluster {
             )
             .await?;
         let applied = leading.last_applied.map_or(0, |l| l.index);
-        self.raft.trigger().snapshot().await?;
-        self.raft
+        self.node.raft().trigger().snapshot().await?;
+        self.node
+            .raft()
             .wait(Some(Duration::from_secs(30)))
             .metrics(
                 |m| m.snapshot.is_some_and(|s| s.index >= applied),
                 "the founding snapshot",
             )
             .await?;
-        self.raft.trigger().purge_log(applied).await?;
+        self.node.raft().trigger().purge_log(applied).await?;
         Ok(())
-    }
-
-    /// This member's leadership, if it leads.
-    pub(super) fn current_leadership(&self) -> Option<Leadership> {
-        let term = {
-            let metrics = self.metrics.borrow();
-            (metrics.current_leader == Some(self.id)).then_some(metrics.current_term)?
-        };
-        Some(self.leading.note(term))
-    }
-
-    /// The leader and its addresses, if this member knows one.
-    pub(super) fn leader(&self) -> Option<(u64, Member)> {
-        let metrics = self.metrics.borrow();
-        let leader = metrics.current_leader?;
-        let member = metrics
-            .membership_config
-            .membership()
-            .get_node(&leader)?
-            .clone();
-        Some((leader, member))
-    }
-
-    /// As leader: puts `proposal` in the log and returns once it is applied here.
-    pub(super) async fn lead_write(&self, proposal: Proposal) -> Result<(), Refusal> {
-        // Counted before the handover flag is looked at: a handover sets the
-        // flag and then waits for the count to drop to zero, so no write it
-        // did not wait for can reach the log after it (SeqCst both ways).
-        let _writing = Writing::enter(&self.writing);
-        if self.handing_over.load(Ordering::SeqCst) {
-            return Err(Refusal::Busy);
-        }
-        self.proposer.propose(proposal).await
-    }
-
-    /// As leader: the index a linearizable read must wait for.
-    pub(super) async fn lead_read_index(&self) -> Result<u64, Refusal> {
-        if self.handing_over.load(Ordering::Acquire) {
-            return Err(Refusal::Busy);
-        }
-        match self.raft.get_read_log_id().await {
-            Ok((read, _)) => Ok(read.map_or(0, |l| l.index)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(Refusal::NotLeader(f.leader_id.zip(f.leader_node)))
-            }
-            Err(error) => Err(Refusal::Failed(error.to_string())),
-        }
-    }
-
-    /// Gets `proposal` into the log: here when leading, else through the
-    /// leader. Waits out an election for up to LEADER_WAIT.
-    async fn submit(&self, proposal: &Proposal) -> StoreResult<()> {
-        let deadline = Instant::now() + LEADER_WAIT;
-        loop {
-            // Raft names another leader: straight to it (if it no longer
-            // leads, it says so, and the next round asks Raft here).
-            let refusal = match self.leader() {
-                Some((leader, member)) if leader != self.id => {
-                    Refusal::NotLeader(Some((leader, member)))
-                }
-                _ => match self.lead_write(proposal.clone()).await {
-                    Ok(()) => return Ok(()),
-                    Err(refusal) => refusal,
-                },
-            };
-            match refusal {
-                Refusal::NotLeader(Some((leader, member))) if leader != self.id => {
-                    let answer = self
-                        .forwarder
-                        .forward(&member.peer_url, proposal.clone())
-                        .await;
-                    match answer {
-                        Ok(Ok(())) => return Ok(()),
-                        Ok(Err(Refusal::NotLeader(_) | Refusal::Busy)) => {}
-                        Ok(Err(refusal)) => {
-                            // The leader's Raft failed (it is stopping): a
-                            // new leader takes over, as after a change.
-                            tracing::warn!("the leader refused a forwarded write: {refusal:?}");
-                            return Err(StoreError::LeaderChanged);
-                        }
-                        // Not delivered: safe to send again.
-                        Err(PeerError::Unreachable { .. }) if Instant::now() < deadline => {}
-                        // Maybe applied: sending it again could apply it twice.
-                        Err(PeerError::TimedOut { .. }) => return Err(StoreError::Timeout),
-                        Err(error) => {
-                            tracing::warn!("cannot forward a write to the leader: {error}");
-                            return Err(StoreError::NoLeader);
-                        }
-                    }
-                }
-                Refusal::NotLeader(_) | Refusal::Busy => {}
-                // This member's Raft failed: it is stopping.
-                refusal => {
-                    tracing::warn!("cannot propose a write: {refusal:?}");
-                    return Err(StoreError::Stopped);
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(StoreError::NoLeader);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Waits until this member has applied everything committed before now.
-    async fn linearize(&self) -> StoreResult<()> {
-        let deadline = Instant::now() + LEADER_WAIT;
-        loop {
-            let confirmed = if self.handing_over.load(Ordering::Acquire) {
-                // Confirming leadership would renew the followers' leases,
-                // which the handover waits out (see `leadership`).
-                Err(Refusal::Busy)
-            } else {
-                Ok(self.raft.ensure_linearizable().await)
-            };
-            let refusal = match confirmed {
-                Err(busy) => busy,
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
-                    Refusal::NotLeader(f.leader_id.zip(f.leader_node))
-                }
-                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
-                    Refusal::NotLeader(None)
-                }
-                Ok(Err(RaftError::Fatal(_))) => return Err(StoreError::Stopped),
-            };
-            if let Refusal::NotLeader(Some((leader, member))) = refusal
-                && leader != self.id
-            {
-                let answer: Result<Result<u64, Refusal>, PeerError> = self
-                    .peers
-                    .call(&member.peer_url, Method::ReadIndex, &(), REQUEST_TIMEOUT)
-                    .await;
-                if let Ok(Ok(index)) = answer {
-                    return self
-                        .raft
-                        .wait(Some(REQUEST_TIMEOUT))
-                        .applied_index_at_least(Some(index), "read index")
-                        .await
-                        .map(|_| ())
-                        .map_err(|_| StoreError::Timeout);
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(StoreError::NoLeader);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 }
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Cluster(member {:x})", self.id)
+        write!(f, "Cluster(member {:x})", self.node.id())
     }
 }
 
@@ -736,14 +445,19 @@ impl Replication for Cluster {
             }
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let proposal = Proposal {
-                origin: self.id,
+                origin: self.node.id(),
                 seq,
                 at_ms,
                 request,
             };
             let answer = self.waiters.wait(seq);
             let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {
-                self.submit(&proposal).await?;
+                let forwarder = &self.forwarder;
+                let write = Write {
+                    proposal: &proposal,
+                    forwarder,
+                };
+                self.node.ask_leader(write).await?;
                 answer.await.map_err(|_| StoreError::Stopped)?
             })
             .await;
@@ -757,19 +471,20 @@ impl Replication for Cluster {
 
     fn read_barrier(&self) -> BoxFuture<'_, StoreResult<()>> {
         Box::pin(async move {
-            tokio::time::timeout(REQUEST_TIMEOUT, self.linearize())
+            tokio::time::timeout(REQUEST_TIMEOUT, self.node.ask_leader(ReadIndex))
                 .await
                 .unwrap_or(Err(StoreError::Timeout))
         })
     }
 
     fn leadership(&self) -> Option<Leadership> {
-        self.current_leadership()
+        self.node.current_leadership()
     }
 
     fn ask_lessor(&self, call: LeaseCall) -> BoxFuture<'_, StoreResult<Option<i64>>> {
         Box::pin(async move {
-            tokio::time::timeout(REQUEST_TIMEOUT, self.lease_call(call))
+            let call = self.node.ask_leader(LeaseCallToLeader(call));
+            tokio::time::timeout(REQUEST_TIMEOUT, call)
                 .await
                 .unwrap_or(Err(StoreError::Timeout))
         })
@@ -809,13 +524,6 @@ async fn report_leadership(
             return;
         }
     }
-}
-
-/// Nanoseconds since the Unix epoch.
-fn clock_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Whether a store holds anything a joining member would lose.

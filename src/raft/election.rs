@@ -18,15 +18,16 @@
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::storage::RaftLogStorage;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::LogId;
-use super::cluster::Cluster;
-use super::network::{Method, PeerError};
+use super::network::Method;
+use super::node::Node;
+use super::openraft_types::LogId;
+use super::peer_error::PeerError;
 
 /// A follower's lease on its leader: it votes for no one else while it heard
 /// from its leader this recently (openraft's leader lease, the longest
@@ -54,7 +55,7 @@ pub struct PreVote {
     pub last_log_id: Option<LogId>,
 }
 
-impl Cluster {
+impl Node {
     /// Answers a pre-vote: yes when this member's leader is silent (or it
     /// leads without a quorum's recent answer) and the asker's log is as
     /// long as this member's.
@@ -145,55 +146,55 @@ impl Cluster {
 
 /// Stands for leader, after a pre-vote, whenever this voter's leader has
 /// been silent for its lease and an election timeout; ends with Raft.
-pub(super) async fn campaign_when_leaderless(cluster: Weak<Cluster>) {
+pub(super) async fn campaign_when_leaderless(node: Weak<Node>) {
     loop {
         let timeout = rand::rng().random_range(ELECTION_TIMEOUT);
         tokio::time::sleep(Duration::from_millis(timeout)).await;
-        let Some(cluster) = cluster.upgrade() else {
+        let Some(node) = node.upgrade() else {
             return;
         };
-        if cluster.metrics().borrow().running_state.is_err() {
+        if node.metrics().borrow().running_state.is_err() {
             return;
         }
-        if cluster.check_leading().is_ok() || cluster.handing_over().load(Ordering::SeqCst) {
+        if node.check_leading().is_ok() || node.handing_over().load(Ordering::SeqCst) {
             // A leader hears from itself; once it steps down, its silence
             // counts from then.
-            cluster.heard_from_leader();
+            node.heard_from_leader();
             continue;
         }
-        let voter = cluster
+        let voter = node
             .members()
             .iter()
-            .any(|m| m.id == cluster.id() && !m.is_learner);
-        if !voter || cluster.heard_from_leader_within(LEADER_LEASE) {
+            .any(|m| m.id == node.id() && !m.is_learner);
+        if !voter || node.heard_from_leader_within(LEADER_LEASE) {
             continue;
         }
-        if !cluster.majority_would_vote().await {
+        if !node.majority_would_vote().await {
             tracing::debug!("no leader, and no majority would vote for this member");
             continue;
         }
         tracing::info!("no leader: standing for election");
-        if let Err(error) = cluster.raft().trigger().elect().await {
+        if let Err(error) = node.raft().trigger().elect().await {
             tracing::warn!("cannot stand for election: {error}");
         }
     }
 }
 
-/// Ends the streams that require a leader (see `Cluster::leader_lost`) each
+/// Ends the streams that require a leader (see `Node::leader_lost`) each
 /// time NO_LEADER_CHECKS checks in a row found none, as etcd's monitorLeader
 /// does; ends with Raft.
-pub(super) async fn monitor_leader(cluster: Weak<Cluster>) {
+pub(super) async fn monitor_leader(node: Weak<Node>) {
     let mut leaderless_checks = 0;
     loop {
         tokio::time::sleep(NO_LEADER_AFTER).await;
-        let Some(cluster) = cluster.upgrade() else {
+        let Some(node) = node.upgrade() else {
             return;
         };
-        if cluster.metrics().borrow().running_state.is_err() {
+        if node.metrics().borrow().running_state.is_err() {
             return;
         }
-        let in_a_cluster = cluster.members().iter().any(|m| m.id == cluster.id());
-        let has_leader = cluster.has_leader();
+        let in_a_cluster = node.members().iter().any(|m| m.id == node.id());
+        let has_leader = node.has_leader();
         // etcd_server_has_leader follows too: Raft's own view, which the
         // gauge follows on each change, keeps a leader that fell silent.
         if in_a_cluster {
@@ -213,43 +214,7 @@ pub(super) async fn monitor_leader(cluster: Weak<Cluster>) {
                      require one"
                 );
             }
-            cluster.end_leader_streams();
-        }
-    }
-}
-
-/// When a leader was last heard of, for `Cluster::heard_from_leader_within`.
-#[derive(Debug)]
-pub(super) struct LeaderHeard {
-    since: Instant,
-    /// Milliseconds after `since`, plus one; 0: never.
-    at_ms: std::sync::atomic::AtomicU64,
-}
-
-impl Default for LeaderHeard {
-    fn default() -> Self {
-        LeaderHeard {
-            since: Instant::now(),
-            at_ms: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-}
-
-impl LeaderHeard {
-    /// Now.
-    pub(super) fn touch(&self) {
-        let ms = self.since.elapsed().as_millis() as u64 + 1;
-        self.at_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    /// Whether a leader was heard of within `within`.
-    pub(super) fn within(&self, within: Duration) -> bool {
-        match self.at_ms.load(Ordering::Relaxed) {
-            0 => false,
-            at => {
-                let now = self.since.elapsed().as_millis() as u64 + 1;
-                now.saturating_sub(at) <= within.as_millis() as u64
-            }
+            node.end_leader_streams();
         }
     }
 }

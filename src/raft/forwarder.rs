@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::sync::{mpsc, oneshot};
 
-use super::network::{Method, PeerError, Peers};
-use super::peer::Refusal;
+use super::network::{Method, Peers};
+use super::peer_error::PeerError;
 use super::proposal::Proposal;
 use super::proposer::Gathering;
+use super::refusal::Refusal;
 
 /// How long a leader that did not know `ForwardSeveral` goes before it is
 /// asked again (it may have been upgraded meanwhile).

@@ -18,9 +18,11 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::cluster::{Cluster, REQUEST_TIMEOUT};
-use super::network::{Method, PeerError};
-use super::peer::Refusal;
+use super::leader_call::REQUEST_TIMEOUT;
+use super::network::Method;
+use super::node::Node;
+use super::peer_error::PeerError;
+use super::refusal::Refusal;
 
 /// How long a handover may take, as etcd's MoveLeader allows about that.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,19 +49,19 @@ pub enum HandoverError {
 
 /// Undoes a handover's pause however it ends.
 struct Paused<'a> {
-    cluster: &'a Cluster,
+    node: &'a Node,
     notices: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Paused<'_> {
     fn drop(&mut self) {
         self.notices.abort();
-        self.cluster.raft().runtime_config().heartbeat(true);
-        self.cluster.handing_over().store(false, Ordering::SeqCst);
+        self.node.raft().runtime_config().heartbeat(true);
+        self.node.handing_over().store(false, Ordering::SeqCst);
     }
 }
 
-impl Cluster {
+impl Node {
     /// As leader: makes `target` the leader, as etcd's MoveLeader does, and
     /// returns once it leads.
     pub async fn move_leader(&self, target: u64) -> Result<(), HandoverError> {
@@ -80,7 +82,7 @@ impl Cluster {
         self.handing_over().store(true, Ordering::SeqCst);
         self.raft().runtime_config().heartbeat(false);
         let _paused = Paused {
-            cluster: self,
+            node: self,
             notices: tokio::spawn(self.notify_handover()),
         };
         // A write already on its way would lengthen the log after the

@@ -3,15 +3,17 @@
 //! keep-alive or a TimeToLive's deadline to it, as etcd's followers do.
 //! Neither is a write: no entry in the log, no fsync.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::cluster::{Cluster, LEADER_WAIT, REQUEST_TIMEOUT};
 use super::election::LEADER_LEASE;
-use super::network::{Method, PeerError};
-use super::peer::Refusal;
-use crate::store::{LeaseCall, StoreError, StoreResult};
+use super::leader_call::{LeaderCall, REQUEST_TIMEOUT, Tried};
+use super::network::Method;
+use super::node::Node;
+use super::peer_error::PeerError;
+use super::refusal::Refusal;
+use crate::store::{LeaseCall, StoreError};
 
-impl Cluster {
+impl Node {
     /// As leader: answers `call` with the store's lessor. Only while a
     /// quorum answered this leader within its lease (no other can have been
     /// elected since, so no other answers the same lease), and once it
@@ -38,47 +40,46 @@ impl Cluster {
             .await
             .map_err(|error| Refusal::Failed(error.to_string()))
     }
+}
 
-    /// Has the leader answer `call`: this member when it leads, else the
-    /// leader over the peer network. Waits out an election for up to
-    /// LEADER_WAIT; a call is safe to send again, so any failure to reach
-    /// the leader is retried until then.
-    pub(super) async fn lease_call(&self, call: LeaseCall) -> StoreResult<Option<i64>> {
-        let deadline = Instant::now() + LEADER_WAIT;
-        loop {
-            let refusal = match self.lead_lease_call(call).await {
-                Ok(answer) => return Ok(answer),
-                Err(refusal) => refusal,
-            };
-            let refusal = match refusal {
-                Refusal::NotLeader(Some((leader, member))) if leader != self.id() => {
-                    let answer: Result<Result<Option<i64>, Refusal>, PeerError> = self
-                        .peers()
-                        .call(&member.peer_url, Method::Lease, &call, REQUEST_TIMEOUT)
-                        .await;
-                    match answer {
-                        Ok(Ok(answer)) => return Ok(answer),
-                        Ok(Err(refusal)) => refusal,
-                        Err(error) => {
-                            tracing::debug!("cannot ask the leader's lessor: {error}");
-                            Refusal::NotLeader(None)
-                        }
-                    }
-                }
-                refusal => refusal,
-            };
-            match refusal {
-                Refusal::NotLeader(_) | Refusal::Busy => {}
-                refusal => {
-                    return Err(StoreError::Internal(format!(
-                        "the leader's lessor failed: {refusal:?}"
-                    )));
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(StoreError::NoLeader);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+/// A lease call, for `Node::ask_leader`. It is safe to send again, so any
+/// failure to reach the leader is tried again; a lessor that fails, here
+/// or at the leader, ends it.
+pub(super) struct LeaseCallToLeader(pub LeaseCall);
+
+impl LeaderCall for LeaseCallToLeader {
+    type Answer = Option<i64>;
+
+    async fn here(&self, node: &Node) -> Tried<Option<i64>> {
+        match node.lead_lease_call(self.0).await {
+            Ok(answer) => Tried::Over(Ok(answer)),
+            Err(refusal) => lessor_refused(refusal),
         }
+    }
+
+    async fn there(&self, node: &Node, leader: &str, _: Instant) -> Tried<Option<i64>> {
+        let answer: Result<Result<Option<i64>, Refusal>, PeerError> = node
+            .peers()
+            .call(leader, Method::Lease, &self.0, REQUEST_TIMEOUT)
+            .await;
+        match answer {
+            Ok(Ok(answer)) => Tried::Over(Ok(answer)),
+            Ok(Err(refusal)) => lessor_refused(refusal),
+            Err(error) => {
+                tracing::debug!("cannot ask the leader's lessor: {error}");
+                Tried::Refused(Refusal::NotLeader(None))
+            }
+        }
+    }
+}
+
+/// A lessor's refusal: no leader or not now is tried again; anything else
+/// is the lessor failing.
+fn lessor_refused(refusal: Refusal) -> Tried<Option<i64>> {
+    match refusal {
+        Refusal::NotLeader(_) | Refusal::Busy => Tried::Refused(refusal),
+        refusal => Tried::Over(Err(StoreError::Internal(format!(
+            "the leader's lessor failed: {refusal:?}"
+        )))),
     }
 }

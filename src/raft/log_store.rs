@@ -32,7 +32,7 @@ use anyhow::Context;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
 
-use super::{LogId, StorageError, TypeConfig, any_error};
+use super::openraft_types::{LogId, StorageError, TypeConfig, any_error};
 use crate::frame_file::{BLOCK_BYTES, FRAME_HEADER_BYTES, FrameFile, HEADER_BYTES, sync_directory};
 use crate::metrics::metrics;
 

@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use openraft::ChangeMembers;
-use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::Member;
-use super::cluster::{Cluster, LEADER_WAIT, MemberStatus, REQUEST_TIMEOUT};
-use super::network::{Method, PeerError, Peers};
-use super::peer::{JoinRequest, Joined, Refusal};
+use super::leader_call::{LEADER_WAIT, REQUEST_TIMEOUT};
+use super::member::Member;
+use super::network::{Method, Peers};
+use super::node::{MemberStatus, Node};
+use super::peer_error::PeerError;
+use super::refusal::{MembershipError, Refusal, refusal_of};
 
 /// How long a new member keeps asking to join.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -63,30 +64,23 @@ pub enum MembershipChange {
     Promote(u64),
 }
 
-/// Why a membership change through the etcd API failed.
-#[derive(Clone, Debug, thiserror::Error, Serialize, Deserialize)]
-pub enum MembershipError {
-    /// etcd's ErrMemberNotFound.
-    #[error("member not found")]
-    NotFound,
-    /// etcd's ErrMemberNotLearner.
-    #[error("can only promote a learner member")]
-    NotLearner,
-    /// etcd's ErrLearnerNotReady.
-    #[error("can only promote a learner member which is in sync with leader")]
-    LearnerNotReady,
-    /// etcd's ErrPeerURLexists.
-    #[error("Peer URLs already exists")]
-    PeerUrlExists,
-    /// etcd's ErrTooManyLearners.
-    #[error("too many learner members in cluster")]
-    TooManyLearners,
-    /// No leader to make the change.
-    #[error("no leader")]
-    NoLeader,
-    /// The change failed.
-    #[error("{0}")]
-    Failed(String),
+/// A member asking to join.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// Its id (its etcd member id).
+    pub id: u64,
+    /// Its addresses.
+    pub member: Member,
+}
+
+/// The answer to a join.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Joined {
+    /// The cluster's id, which the new member reports from now on.
+    pub cluster_id: u64,
+    /// The index of the leader's log the new member held when it was
+    /// promoted: it serves clients once it has applied that much.
+    pub caught_up_to: u64,
 }
 
 impl MemberStatus {
@@ -97,7 +91,7 @@ impl MemberStatus {
     }
 }
 
-impl Cluster {
+impl Node {
     /// Adds, updates, removes or promotes a member: here when leading, else
     /// through the leader. Waits out an election or another change for up to
     /// LEADER_WAIT.
@@ -412,23 +406,9 @@ impl Cluster {
     }
 }
 
-/// A failed client write or membership change, as the member that asked
-/// sees it.
-pub(super) fn refusal_of(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Refusal {
-    match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            Refusal::NotLeader(f.leader_id.zip(f.leader_node))
-        }
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(
-            ChangeMembershipError::InProgress(_),
-        )) => Refusal::Busy,
-        error => Refusal::Failed(error.to_string()),
-    }
-}
-
 /// Asks the member at `url`, or the leader it names, to take `request`, for
 /// up to JOIN_TIMEOUT: how a new member finds its reserved id and joins.
-pub(super) async fn ask_leader<Req: Serialize, Resp: DeserializeOwned>(
+pub(super) async fn ask_to_join<Req: Serialize, Resp: DeserializeOwned>(
     peers: &Peers,
     url: &str,
     method: Method,

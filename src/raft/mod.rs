@@ -17,54 +17,28 @@
 mod cluster;
 mod election;
 mod forwarder;
+mod leader_call;
 mod leadership;
 mod leases;
 mod log_store;
 mod member;
 mod membership;
 mod network;
+mod node;
 mod openraft_reports;
+mod openraft_types;
 mod peer;
+mod peer_error;
 mod prober;
 mod proposal;
 mod proposer;
 mod reachability;
+mod refusal;
 mod state_machine;
-
-use std::io::Cursor;
 
 pub use self::cluster::{Cluster, ClusterOptions, JoinMode, PeerTls};
 pub use self::leadership::HandoverError;
 pub use self::member::Member;
-pub use self::membership::{MembershipChange, MembershipError};
+pub use self::membership::MembershipChange;
 pub use self::openraft_reports::is_per_call_report;
-
-openraft::declare_raft_types!(
-    /// openraft's types for cetera: proposals in, nothing out (answers travel
-    /// through `proposal::Waiters`), members with peer and client URLs.
-    pub TypeConfig:
-        D = proposal::Proposals,
-        R = (),
-        NodeId = u64,
-        Node = Member,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
-);
-
-/// A running Raft member.
-type Raft = openraft::Raft<TypeConfig>;
-
-/// Log position of an entry.
-type LogId = openraft::LogId<u64>;
-
-/// Membership as of an applied entry.
-type StoredMembership = openraft::StoredMembership<u64, Member>;
-
-/// A storage failure, as openraft takes it.
-type StorageError = openraft::StorageError<u64>;
-
-/// Wraps any error for openraft.
-fn any_error(error: impl std::fmt::Display) -> openraft::AnyError {
-    openraft::AnyError::error(error.to_string())
-}
+pub use self::refusal::MembershipError;

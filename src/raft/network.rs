@@ -23,8 +23,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::member::Member;
+use super::openraft_types::TypeConfig;
+use super::peer_error::PeerError;
 use super::reachability::Reachability;
-use super::{Member, TypeConfig};
 use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_client::PeerClient;
@@ -35,44 +37,6 @@ pub const TOKEN_HEADER: &str = "cetera-token";
 /// Metadata key of the calling member's id, as etcd writes ids: the peer
 /// metrics the callee keeps are labelled with it (etcd's X-Server-From).
 pub const MEMBER_HEADER: &str = "cetera-member";
-
-/// A failed peer call.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum PeerError {
-    /// The peer could not be reached: nothing was delivered.
-    #[error("cannot reach {url}: {message}")]
-    Unreachable {
-        /// The peer.
-        url: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The peer did not answer in time: the call may or may not have
-    /// taken effect.
-    #[error("{url} did not answer in time: {message}")]
-    TimedOut {
-        /// The peer.
-        url: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The peer answered with an error status.
-    #[error("{url} refused: {status}")]
-    Refused {
-        /// The peer.
-        url: String,
-        /// Its answer.
-        status: tonic::Status,
-    },
-    /// The answer did not decode.
-    #[error("{url} answered something unreadable: {message}")]
-    Garbled {
-        /// The peer.
-        url: String,
-        /// What went wrong.
-        message: String,
-    },
-}
 
 /// Connections to the other members, by peer URL.
 #[derive(Clone)]

@@ -9,62 +9,30 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 use openraft::raft::AppendEntriesResponse;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
-use super::cluster::Cluster;
 use super::election::PreVote;
-use super::membership::{MembershipChange, MembershipError};
+use super::membership::{JoinRequest, MembershipChange};
 use super::network::{MEMBER_HEADER, TOKEN_HEADER, count_received};
+use super::node::Node;
+use super::openraft_types::TypeConfig;
 use super::proposal::{ENTRY_FORMAT, Proposal};
-use super::{Member, TypeConfig};
 use crate::metrics::{member_label, metrics};
 use crate::proto::ceterapb::Payload;
 use crate::proto::ceterapb::peer_server::Peer;
 use crate::store::LeaseCall;
 
-/// Why the leader did not do what a member asked.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum Refusal {
-    /// This member does not lead; the leader, if it knows one.
-    NotLeader(Option<(u64, Member)>),
-    /// Another membership change is under way: ask again.
-    Busy,
-    /// A membership change breaks one of etcd's rules.
-    Membership(MembershipError),
-    /// It failed.
-    Failed(String),
-}
-
-/// A member asking to join.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct JoinRequest {
-    /// Its id (its etcd member id).
-    pub id: u64,
-    /// Its addresses.
-    pub member: Member,
-}
-
-/// The answer to a join.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Joined {
-    /// The cluster's id, which the new member reports from now on.
-    pub cluster_id: u64,
-    /// The index of the leader's log the new member held when it was
-    /// promoted: it serves clients once it has applied that much.
-    pub caught_up_to: u64,
-}
-
 /// The peer service of one member.
 pub struct PeerService {
-    cluster: Arc<Cluster>,
+    node: Arc<Node>,
 }
 
 impl PeerService {
-    /// The service of `cluster`'s member.
-    pub fn new(cluster: Arc<Cluster>) -> Self {
-        PeerService { cluster }
+    /// The service of `node`'s member.
+    pub fn new(node: Arc<Node>) -> Self {
+        PeerService { node }
     }
 
     /// The message of `request`, and the member that sent it, as a label,
@@ -77,7 +45,7 @@ impl PeerService {
             .metadata()
             .get(TOKEN_HEADER)
             .and_then(|t| t.to_str().ok());
-        if token != Some(self.cluster.token()) {
+        if token != Some(self.node.token()) {
             return Err(Status::unauthenticated(
                 "cetera: the peer did not present this cluster's token",
             ));
@@ -99,9 +67,9 @@ impl PeerService {
     fn sender(&self, request: &Request<Payload>) -> Option<u64> {
         let id = request.metadata().get(MEMBER_HEADER)?.to_str().ok()?;
         let id = u64::from_str_radix(id, 16).ok()?;
-        let raft = self.cluster.metrics().borrow();
+        let raft = self.node.metrics().borrow();
         let member = raft.membership_config.membership().get_node(&id).is_some();
-        (member && id != self.cluster.id()).then_some(id)
+        (member && id != self.node.id()).then_some(id)
     }
 }
 
@@ -122,20 +90,20 @@ impl Peer for PeerService {
     async fn append_entries(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (rpc, from): (openraft::raft::AppendEntriesRequest<TypeConfig>, _) =
             self.open(request)?;
-        let result = self.cluster.raft().append_entries(rpc).await;
+        let result = self.node.raft().append_entries(rpc).await;
         // Any answer but a higher vote takes the sender as this term's leader.
         if result
             .as_ref()
             .is_ok_and(|r| !matches!(r, AppendEntriesResponse::HigherVote(_)))
         {
-            self.cluster.heard_from_leader();
+            self.node.heard_from_leader();
         }
         answer(from, &result)
     }
 
     async fn vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (rpc, from): (openraft::raft::VoteRequest<u64>, _) = self.open(request)?;
-        answer(from, &self.cluster.raft().vote(rpc).await)
+        answer(from, &self.node.raft().vote(rpc).await)
     }
 
     async fn install_snapshot(
@@ -144,19 +112,19 @@ impl Peer for PeerService {
     ) -> Result<Response<Payload>, Status> {
         let (rpc, from): (openraft::raft::InstallSnapshotRequest<TypeConfig>, _) =
             self.open(request)?;
-        let result = self.cluster.raft().install_snapshot(rpc).await;
+        let result = self.node.raft().install_snapshot(rpc).await;
         if result
             .as_ref()
-            .is_ok_and(|r| r.vote == self.cluster.metrics().borrow().vote)
+            .is_ok_and(|r| r.vote == self.node.metrics().borrow().vote)
         {
-            self.cluster.heard_from_leader();
+            self.node.heard_from_leader();
         }
         answer(from, &result)
     }
 
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (proposal, from): (Proposal, _) = self.open(request)?;
-        answer(from, &self.cluster.lead_write(proposal).await)
+        answer(from, &self.node.lead_write(proposal).await)
     }
 
     async fn forward_several(
@@ -165,49 +133,49 @@ impl Peer for PeerService {
     ) -> Result<Response<Payload>, Status> {
         let (proposals, from): (Vec<Proposal>, _) = self.open(request)?;
         // Proposed together, they gather into the leader's next entry.
-        let writes = proposals.into_iter().map(|p| self.cluster.lead_write(p));
+        let writes = proposals.into_iter().map(|p| self.node.lead_write(p));
         answer(from, &join_all(writes).await)
     }
 
     async fn read_index(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let ((), from): ((), _) = self.open(request)?;
-        answer(from, &self.cluster.lead_read_index().await)
+        answer(from, &self.node.lead_read_index().await)
     }
 
     async fn join(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (join, from): (JoinRequest, _) = self.open(request)?;
-        answer(from, &self.cluster.lead_join(join).await)
+        answer(from, &self.node.lead_join(join).await)
     }
 
     async fn change_members(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (change, from): (MembershipChange, _) = self.open(request)?;
-        answer(from, &self.cluster.lead_membership_change(&change).await)
+        answer(from, &self.node.lead_membership_change(&change).await)
     }
 
     async fn reserved(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (peer_url, from): (String, _) = self.open(request)?;
-        answer(from, &self.cluster.lead_reserved(&peer_url))
+        answer(from, &self.node.lead_reserved(&peer_url))
     }
 
     async fn campaign(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let ((), from): ((), _) = self.open(request)?;
-        answer(from, &self.cluster.campaign().await)
+        answer(from, &self.node.campaign().await)
     }
 
     async fn pre_vote(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (pre_vote, from): (PreVote, _) = self.open(request)?;
-        answer(from, &self.cluster.answer_pre_vote(pre_vote).await)
+        answer(from, &self.node.answer_pre_vote(pre_vote).await)
     }
 
     async fn handing_over(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (leader, from): (u64, _) = self.open(request)?;
-        self.cluster.hear_handover(leader);
+        self.node.hear_handover(leader);
         answer(from, &())
     }
 
     async fn lease(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let (call, from): (LeaseCall, _) = self.open(request)?;
-        answer(from, &self.cluster.lead_lease_call(call).await)
+        answer(from, &self.node.lead_lease_call(call).await)
     }
 
     async fn entry_format(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::time::MissedTickBehavior;
 
-use super::cluster::Cluster;
+use super::node::Node;
 use crate::metrics::{member_label, metrics};
 
 /// How often each member is probed: etcd's proberInterval (its peer
@@ -62,7 +62,7 @@ impl RoundTrip {
 
 /// Probes the other members every PROBE_INTERVAL, from now until Raft
 /// stops.
-pub(super) async fn probe_members(cluster: Weak<Cluster>) {
+pub(super) async fn probe_members(node: Weak<Node>) {
     let mut round_trips: HashMap<u64, RoundTrip> = HashMap::new();
     let mut ticks = tokio::time::interval(PROBE_INTERVAL);
     // A round of probes can take up to a probe's timeout: the next waits.
@@ -70,21 +70,21 @@ pub(super) async fn probe_members(cluster: Weak<Cluster>) {
     loop {
         ticks.tick().await;
         // Not held across the probes, which must not keep a stopped
-        // member's Cluster alive.
+        // member's Node alive.
         let (peers, others) = {
-            let Some(cluster) = cluster.upgrade() else {
+            let Some(node) = node.upgrade() else {
                 return;
             };
-            if cluster.metrics().borrow().running_state.is_err() {
+            if node.metrics().borrow().running_state.is_err() {
                 return;
             }
-            let others: Vec<(u64, String)> = cluster
+            let others: Vec<(u64, String)> = node
                 .members()
                 .into_iter()
-                .filter(|m| m.id != cluster.id())
+                .filter(|m| m.id != node.id())
                 .map(|m| (m.id, m.member.peer_url))
                 .collect();
-            (cluster.peers().clone(), others)
+            (node.peers().clone(), others)
         };
         let answers = join_all(others.iter().map(|(_, url)| peers.probe(url))).await;
         round_trips.retain(|id, _| others.iter().any(|(other, _)| other == id));

@@ -21,7 +21,7 @@ use serde::ser::SerializeTuple;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio::sync::oneshot;
 
-use super::{LogId, StoredMembership};
+use super::member::Member;
 use crate::store::StoreResult;
 use crate::store::request::{WriteRequest, WriteResponse};
 
@@ -116,9 +116,9 @@ impl<'de> Deserialize<'de> for Proposals {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Mark {
     /// The last applied entry.
-    pub applied: Option<LogId>,
+    pub applied: Option<openraft::LogId<u64>>,
     /// The membership as of it.
-    pub membership: StoredMembership,
+    pub membership: openraft::StoredMembership<u64, Member>,
 }
 
 impl Mark {
@@ -360,7 +360,7 @@ mod tests {
     }
 
     /// An entry as the log and AppendEntries carry it.
-    fn entry(proposals: Vec<Proposal>) -> openraft::Entry<crate::raft::TypeConfig> {
+    fn entry(proposals: Vec<Proposal>) -> openraft::Entry<crate::raft::openraft_types::TypeConfig> {
         openraft::Entry {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 7),
             payload: openraft::EntryPayload::Normal(Proposals(proposals)),
@@ -372,7 +372,7 @@ mod tests {
         for n in [1, 2, 11] {
             let written = entry(proposals(n));
             let bytes = postcard::to_stdvec(&written).unwrap();
-            let read: openraft::Entry<crate::raft::TypeConfig> =
+            let read: openraft::Entry<crate::raft::openraft_types::TypeConfig> =
                 postcard::from_bytes(&bytes).unwrap();
             assert_eq!(format!("{read:?}"), format!("{written:?}"), "{n} proposals");
         }
@@ -407,7 +407,7 @@ mod tests {
             D = Proposal,
             R = (),
             NodeId = u64,
-            Node = crate::raft::Member,
+            Node = crate::raft::member::Member,
             Entry = openraft::Entry<OldTypeConfig>,
             SnapshotData = std::io::Cursor<Vec<u8>>,
             AsyncRuntime = openraft::TokioRuntime,

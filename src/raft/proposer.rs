@@ -20,11 +20,10 @@ use futures_util::future::join_all;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use super::Raft;
-use super::membership::refusal_of;
 use super::network::{Method, Peers};
-use super::peer::Refusal;
+use super::openraft_types::Raft;
 use super::proposal::{ENTRY_FORMAT, Proposal, Proposals};
+use super::refusal::{Refusal, refusal_of};
 use crate::store::request::WriteRequest;
 
 /// At most this many proposals in one entry.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::network::PeerError;
+use super::peer_error::PeerError;
 
 /// Calls that time out only make a peer unreachable once they have gone
 /// unanswered this long: an append can miss its heartbeat-length timeout

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
 
+use super::member::Member;
+use super::openraft_types::{LogId, StorageError, StoredMembership, TypeConfig, any_error};
 use super::proposal::{Mark, Proposals, Waiters};
-use super::{LogId, StorageError, StoredMembership, TypeConfig, any_error};
 use crate::backend::Backend;
 use crate::store::request::{WriteRequest, WriteResponse};
 use crate::store::{Identity, LocalWriter, Store, StoreError};
@@ -80,7 +81,7 @@ impl<B: Backend> StateMachine<B> {
     }
 }
 
-fn snapshot_meta(mark: &Mark) -> SnapshotMeta<u64, super::Member> {
+fn snapshot_meta(mark: &Mark) -> SnapshotMeta<u64, Member> {
     let id = match &mark.applied {
         Some(log_id) => format!("{}-{}", log_id.leader_id.term, log_id.index),
         None => "0-0".to_string(),
@@ -206,7 +207,7 @@ impl<B: Backend> RaftStateMachine<TypeConfig> for StateMachine<B> {
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, super::Member>,
+        meta: &SnapshotMeta<u64, Member>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let mark = Mark {

@@ -2,7 +2,6 @@
 //! always ends its transaction, the `ReadTxn` and `WriteTxn` impls, and the
 //! write statements.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -17,7 +16,7 @@ use super::queries::{
 };
 use super::{MAX_KEY_BYTES, db_error};
 use crate::backend::key_reads::{KeyReads, gathered_key};
-use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row, revisions_from_row};
+use crate::backend::read_ahead::ReadAheadCache;
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
     LogEntry, ReadAhead, ReadAt, ReadTxn, Revisions, WriteTxn,
@@ -190,12 +189,8 @@ pub struct MysqlWrite {
     /// The counters as locked (and as last stored by this transaction);
     /// None until the first statement has locked them.
     pub(super) revisions: Option<Revisions>,
-    /// The raised alarms, read with the lock, unless changed since.
-    alarms: Option<Vec<AlarmRow>>,
-    /// The live state of keys read ahead or written in this transaction.
-    keys: HashMap<Vec<u8>, Option<KeyValue>>,
-    /// Leases read ahead or written in this transaction.
-    leases: HashMap<i64, Option<LeaseRow>>,
+    /// The alarms, keys and leases read with the lock or written since.
+    known: ReadAheadCache,
     /// Key writes not sent yet; they go out ahead of `deferred`'s next
     /// statement, few statements for many keys.
     key_writes: KeyWrites,
@@ -222,9 +217,7 @@ impl MysqlWrite {
         MysqlWrite {
             session,
             revisions: None,
-            alarms: None,
-            keys: HashMap::new(),
-            leases: HashMap::new(),
+            known: ReadAheadCache::default(),
             key_writes: KeyWrites::default(),
             deferred: Vec::new(),
             deferred_bytes: 0,
@@ -263,43 +256,14 @@ impl MysqlWrite {
         if statements.is_empty() {
             return Ok(());
         }
-        let mut sets = self
+        let sets = self
             .session
             .first_text(&statements)
             .await?
             .into_iter()
             .skip(writes);
-        if locking {
-            let meta = sets.next().context("no answer to the meta lock")?;
-            let row = meta.first().context("the meta table has no row")?;
-            self.revisions = Some(revisions_from_row(row)?);
-            let alarms = sets.next().context("no answer to the alarm read")?;
-            self.alarms = Some(
-                alarms
-                    .iter()
-                    .map(alarm_from_row)
-                    .collect::<Result<_, _>>()?,
-            );
-        }
-        if !keys.is_empty() {
-            let rows = sets.next().context("no answer to the key read")?;
-            for key in keys {
-                self.keys.entry(key.clone()).or_insert(None);
-            }
-            for row in &rows {
-                let kv = kv_from_row(row)?;
-                self.keys.insert(kv.key.clone(), Some(kv));
-            }
-        }
-        if !leases.is_empty() {
-            let rows = sets.next().context("no answer to the lease read")?;
-            for id in leases {
-                self.leases.entry(*id).or_insert(None);
-            }
-            for row in &rows {
-                let lease = lease_from_row(row)?;
-                self.leases.insert(lease.id, Some(lease));
-            }
+        if let Some(revisions) = self.known.take_in(sets, locking, ahead)? {
+            self.revisions = Some(revisions);
         }
         Ok(())
     }
@@ -534,16 +498,16 @@ impl MysqlWrite {
         if at != ReadAt::Current || self.revisions.is_none() {
             return None;
         }
-        let known = self.keys.get(range.as_single()?)?;
+        let known = self.known.key(range.as_single()?)?;
         Some(known.iter().cloned().collect())
     }
 
     fn known_lease(&self, id: i64) -> Option<Option<LeaseRow>> {
-        self.revisions.and(self.leases.get(&id).copied())
+        self.revisions.and(self.known.lease(id))
     }
 
     fn known_alarms(&self) -> Option<Vec<AlarmRow>> {
-        self.revisions.and(self.alarms.clone())
+        self.revisions.and(self.known.alarms().cloned())
     }
 }
 
@@ -603,7 +567,7 @@ impl WriteTxn for MysqlWrite {
             self.lock(None).await?;
         }
         let live = (!entry.deleted).then(|| kv.clone());
-        self.keys.insert(kv.key.clone(), live);
+        self.known.wrote_key(&kv.key, live);
         Ok(())
     }
 
@@ -658,19 +622,19 @@ impl WriteTxn for MysqlWrite {
             lease.id, lease.ttl, lease.expires_at,
         ))
         .await?;
-        self.leases.insert(lease.id, Some(*lease));
+        self.known.wrote_lease(lease.id, Some(*lease));
         Ok(())
     }
 
     async fn remove_lease(&mut self, id: i64) -> BackendResult<()> {
         self.defer(format!("DELETE FROM lease WHERE id = {id}"))
             .await?;
-        self.leases.insert(id, None);
+        self.known.wrote_lease(id, None);
         Ok(())
     }
 
     async fn add_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
-        self.alarms = None;
+        self.known.changed_alarms();
         execute(
             self.ready().await?,
             "INSERT IGNORE INTO alarm (member_id, alarm) VALUES (?, ?)",
@@ -695,7 +659,7 @@ impl WriteTxn for MysqlWrite {
     }
 
     async fn remove_alarm(&mut self, alarm: &AlarmRow) -> BackendResult<()> {
-        self.alarms = None;
+        self.known.changed_alarms();
         execute(
             self.ready().await?,
             "DELETE FROM alarm WHERE member_id = ? AND alarm = ?",
@@ -717,9 +681,7 @@ impl WriteTxn for MysqlWrite {
         for table in ["log", "kv", "lease", "settings", "alarm", "auth"] {
             execute(self.ready().await?, &format!("DELETE FROM {table}"), ()).await?;
         }
-        self.keys.clear();
-        self.leases.clear();
-        self.alarms = Some(Vec::new());
+        self.known.cleared();
         self.set_revisions(Revisions::EMPTY_STORE).await
     }
 

@@ -2,22 +2,20 @@
 //! begins a transaction with its first statement and always ends it, the
 //! transaction types, and the write statements.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use deadpool_postgres::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, RowStream};
 
 use super::key_writes::{KeyWrites, Params};
-use super::queries::revisions_from;
 use super::{Connections, db_error};
 use crate::backend::key_reads::{KeyReads, gathered_key};
-use crate::backend::rows::{alarm_from_row, kv_from_row, lease_from_row};
+use crate::backend::read_ahead::ReadAheadCache;
 use crate::backend::{
     AlarmRow, AuthKind, BackendResult, CurrentRange, CurrentRangeQuery, KeyRange, LeaseRow,
     LogEntry, ReadAhead, ReadAt, ReadTxn, Revisions, WriteTxn,
@@ -309,12 +307,8 @@ pub struct PostgresWrite {
     /// The counters as locked, or as last set in this transaction; None
     /// until the first statement has locked them.
     pub(super) revisions: Option<Revisions>,
-    /// The raised alarms, read with the lock, unless changed since.
-    alarms: Option<Vec<AlarmRow>>,
-    /// The live state of keys read ahead or written in this transaction.
-    keys: HashMap<Vec<u8>, Option<KeyValue>>,
-    /// Leases read ahead or written in this transaction.
-    leases: HashMap<i64, Option<LeaseRow>>,
+    /// The alarms, keys and leases read with the lock or written since.
+    known: ReadAheadCache,
     /// The payload of this instance's NOTIFYs.
     notify_payload: Arc<str>,
 }
@@ -329,9 +323,7 @@ impl PostgresWrite {
         PostgresWrite {
             conn,
             revisions: None,
-            alarms: None,
-            keys: HashMap::new(),
-            leases: HashMap::new(),
+            known: ReadAheadCache::default(),
             notify_payload,
         }
     }
@@ -359,37 +351,10 @@ impl PostgresWrite {
         if statements.is_empty() {
             return Ok(());
         }
-        let mut results = self.conn.pipeline(&statements, None).await?.into_iter();
-        if self.revisions.is_none() {
-            let meta = results.next().context("no answer to the meta lock")?;
-            self.revisions = Some(revisions_from(&meta)?);
-            let alarms = results.next().context("no answer to the alarm read")?;
-            self.alarms = Some(
-                alarms
-                    .iter()
-                    .map(alarm_from_row)
-                    .collect::<Result<_, _>>()?,
-            );
-        }
-        if !keys.is_empty() {
-            let rows = results.next().context("no answer to the key read")?;
-            for key in keys {
-                self.keys.entry(key.to_vec()).or_insert(None);
-            }
-            for row in &rows {
-                let kv = kv_from_row(row)?;
-                self.keys.insert(kv.key.clone(), Some(kv));
-            }
-        }
-        if !leases.is_empty() {
-            let rows = results.next().context("no answer to the lease read")?;
-            for id in leases {
-                self.leases.entry(id).or_insert(None);
-            }
-            for row in &rows {
-                let lease = lease_from_row(row)?;
-                self.leases.insert(lease.id, Some(lease));
-            }
+        let results = self.conn.pipeline(&statements, None).await?.into_iter();
+        let locking = self.revisions.is_none();
+        if let Some(revisions) = self.known.take_in(results, locking, ahead)? {
+            self.revisions = Some(revisions);
         }
         Ok(())
     }
@@ -506,7 +471,7 @@ impl ReadTxn for PostgresWrite {
     ) -> BackendResult<Vec<KeyValue>> {
         self.locked().await?;
         if at == ReadAt::Current
-            && let Some(known) = range.as_single().and_then(|key| self.keys.get(key))
+            && let Some(known) = range.as_single().and_then(|key| self.known.key(key))
         {
             return Ok(known.iter().cloned().collect());
         }
@@ -535,8 +500,8 @@ impl ReadTxn for PostgresWrite {
 
     async fn lease(&mut self, id: i64) -> BackendResult<Option<LeaseRow>> {
         self.locked().await?;
-        if let Some(known) = self.leases.get(&id) {
-            return Ok(*known);
+        if let Some(known) = self.known.lease(id) {
+            return Ok(known);
         }
         self.conn.lease(id).await
     }
@@ -558,11 +523,11 @@ impl ReadTxn for PostgresWrite {
 
     async fn alarms(&mut self) -> BackendResult<Vec<AlarmRow>> {
         self.locked().await?;
-        if let Some(alarms) = &self.alarms {
+        if let Some(alarms) = self.known.alarms() {
             return Ok(alarms.clone());
         }
         let alarms = self.conn.alarms().await?;
-        self.alarms = Some(alarms.clone());
+        self.known.read_alarms(alarms.clone());
         Ok(alarms)
     }
 
@@ -589,7 +554,7 @@ impl WriteTxn for PostgresWrite {
         let kv = &entry.kv;
         self.conn.write_key(entry);
         let live = (!entry.deleted).then(|| kv.clone());
-        self.keys.insert(kv.key.clone(), live);
+        self.known.wrote_key(&kv.key, live);
         Ok(())
     }
 
@@ -649,7 +614,7 @@ impl WriteTxn for PostgresWrite {
              ON CONFLICT (id) DO UPDATE SET ttl = EXCLUDED.ttl, expires_at = EXCLUDED.expires_at",
             params![lease.id, lease.ttl, lease.expires_at],
         );
-        self.leases.insert(lease.id, Some(*lease));
+        self.known.wrote_lease(lease.id, Some(*lease));
         Ok(())
     }
 
@@ -657,7 +622,7 @@ impl WriteTxn for PostgresWrite {
         self.locked().await?;
         self.conn
             .defer("DELETE FROM lease WHERE id = $1", params![id]);
-        self.leases.insert(id, None);
+        self.known.wrote_lease(id, None);
         Ok(())
     }
 
@@ -667,7 +632,7 @@ impl WriteTxn for PostgresWrite {
             "INSERT INTO alarm (member_id, alarm) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             params![alarm.member_id, alarm.alarm],
         );
-        self.alarms = None;
+        self.known.changed_alarms();
         Ok(())
     }
 
@@ -692,7 +657,7 @@ impl WriteTxn for PostgresWrite {
             "DELETE FROM alarm WHERE member_id = $1 AND alarm = $2",
             params![alarm.member_id, alarm.alarm],
         );
-        self.alarms = None;
+        self.known.changed_alarms();
         Ok(())
     }
 
@@ -717,9 +682,7 @@ impl WriteTxn for PostgresWrite {
         ] {
             self.conn.defer(sql, Vec::new());
         }
-        self.keys.clear();
-        self.leases.clear();
-        self.alarms = Some(Vec::new());
+        self.known.cleared();
         self.set_revisions(Revisions::EMPTY_STORE).await
     }
 
