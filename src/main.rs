@@ -17,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    disable_transparent_huge_pages();
     let (config, notes) = match Config::load() {
         Ok(loaded) => loaded,
         Err(LoadError::Clap(error)) => error.exit(),
@@ -145,4 +146,17 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutdown signal received");
+}
+
+/// mimalloc asks the kernel for transparent huge pages on its arenas, and a
+/// huge page is resident whole once any byte of it is touched: 17 MB more
+/// at start and 30 MB more after 100k puts (issue 51), with no gain in CPU
+/// per request measured. etcd's Go runtime asks for none either.
+fn disable_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_THP_DISABLE takes no pointers; it sets a flag of this
+    // process's memory map, and failure (an old kernel) changes nothing.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
 }

@@ -9,15 +9,18 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 
-use prost::Message;
 use tokio::sync::watch;
 
 use crate::proto::mvccpb::Event;
 
 /// Most revisions kept in memory.
 const WINDOW_REVISIONS: usize = 20_000;
-/// Most bytes of events kept in memory.
-const WINDOW_BYTES: usize = 64 << 20;
+/// Most bytes of memory the window's events take. Live watchers take each
+/// revision within moments of its commit; this is the slack for a slow one
+/// (seconds of a Kubernetes write load) before it reads the log, as every
+/// watcher behind etcd's does. 64 MiB of encoded events was most of the
+/// server's memory after a burst of writes (issue 51).
+const WINDOW_BYTES: usize = 8 << 20;
 
 /// The events of one revision, in the order they happened, each with the
 /// key's previous state.
@@ -30,8 +33,21 @@ pub struct RevisionEvents {
 }
 
 impl RevisionEvents {
+    /// The memory it takes: the events and the keys and values they own.
     fn size(&self) -> usize {
-        self.events.iter().map(Message::encoded_len).sum::<usize>() + 16
+        let owned = |event: &Event| {
+            [&event.kv, &event.prev_kv]
+                .into_iter()
+                .flatten()
+                .map(|kv| kv.key.capacity() + kv.value.capacity())
+                .sum::<usize>()
+        };
+        size_of::<Self>()
+            + self
+                .events
+                .iter()
+                .map(|event| size_of::<Event>() + owned(event))
+                .sum::<usize>()
     }
 }
 
@@ -217,5 +233,34 @@ mod tests {
         }
         assert_eq!(hub.since(0, 1), None);
         assert!(hub.since(10, 1).is_some());
+    }
+
+    #[test]
+    fn window_is_bounded_by_the_memory_its_values_take() {
+        let hub = WatchHub::new(0);
+        let mib = |r: i64| RevisionEvents {
+            revision: r,
+            events: vec![Event {
+                kv: Some(crate::proto::mvccpb::KeyValue {
+                    value: vec![0; 1 << 20],
+                    ..Default::default()
+                }),
+                prev_kv: Some(crate::proto::mvccpb::KeyValue {
+                    value: vec![0; 1 << 20],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        };
+        let last = 2 * (WINDOW_BYTES >> 20) as i64;
+        for r in 1..=last {
+            hub.publish(vec![mib(r)], r);
+        }
+        // Each revision takes a few bytes more than 2 MiB with its previous
+        // value: one fewer than WINDOW_BYTES / 2 MiB of them fit.
+        let kept = (WINDOW_BYTES >> 21) as i64 - 1;
+        assert_eq!(hub.covers_from(), last - kept + 1);
+        assert_eq!(hub.since(last - kept - 1, 100), None);
+        assert_eq!(hub.since(last - kept, 100).unwrap().len(), kept as usize);
     }
 }
