@@ -40,7 +40,7 @@
 //!   that fail on a member without a leader),
 //!   `downgrade.rs` and `status_fields.rs` (what Maintenance answers per
 //!   emulated version), `version.rs` (major.minor of a version),
-//!   `go_decode.rs` (a Go server's error for an undecodable WatchRequest).
+//!   `go_decode.rs` (how a Go server reads a WatchRequest, and its error for one that does not decode).
 //! - [`config`] (`src/config.rs`): the command line (etcd's and k3s's flag
 //!   names); hands plain values down. `config/etcd.rs`: etcd's flags without
 //!   effect, `ETCD_*` variables and `--config-file` YAML, read as etcd reads

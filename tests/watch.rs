@@ -589,10 +589,32 @@ async fn half_closed_stream_stays_open() {
         let outcome = ws.recv(Duration::from_secs(20)).await;
         s.note(
             "half-closed: the call ends at its deadline",
-            outcome.map_or_else(|e| e, |r| common::show_watch_response(&r)),
+            at_deadline(outcome.map_or_else(|e| e, |r| common::show_watch_response(&r))),
         );
     })
     .await;
+}
+
+/// How a call is seen to end at its deadline, with etcd 3.7.3's two answers as one.
+/// Its gRPC-Go (v1.83) ends a call with a deadline twice over, racing: the call's context
+/// expires, so etcd's Watch handler returns DeadlineExceeded (`watchServer.Watch` in
+/// server/etcdserver/api/v3rpc/watch.go), and a transport timer of the same length resets
+/// the stream with CANCEL (`operateHeaders` in internal/transport/http2_server.go), which
+/// tonic reports as Cancelled. Whichever reaches the connection first wins (a status written
+/// after the reset is dropped): against one member, 13 runs of 20 gave Cancelled and 7
+/// DeadlineExceeded. The timer came with grpc-go's pull request 8071 (2025); etcd 3.5.1's
+/// gRPC-Go has none, so its one answer stays as it is. cetera always answers
+/// DeadlineExceeded, one of etcd 3.7.3's.
+fn at_deadline(outcome: String) -> String {
+    const ETCD_37_ANSWERS: [&str; 2] = [
+        "stream error DeadlineExceeded: context deadline exceeded",
+        "stream error Cancelled: h2 protocol error: error reading a body from connection",
+    ];
+    if common::oracle().is_36_or_later() && ETCD_37_ANSWERS.contains(&outcome.as_str()) {
+        "ended at its deadline (DeadlineExceeded, or Cancelled by the reset)".to_string()
+    } else {
+        outcome
+    }
 }
 
 /// A codec that sends its messages' bytes as they are, to put undecodable bytes on a
@@ -665,18 +687,37 @@ async fn send_raw(channel: tonic::transport::Channel, payload: Vec<u8>) -> Strin
 }
 
 /// Undecodable bytes on a Watch stream end the call with INTERNAL and gRPC's unmarshal
-/// message, which quotes the protobuf decoder's error; an oversized message, with
-/// RESOURCE_EXHAUSTED.
+/// message, which quotes the protobuf decoder's error (gogo-protobuf's in 3.5, protobuf-go's
+/// one text in 3.7); an oversized message, with RESOURCE_EXHAUSTED. A known field of another
+/// wire type is refused by 3.5 and skipped by 3.7.
 #[tokio::test]
 async fn undecodable_request() {
     differential(&[], &[], async |s: &mut Side| {
-        let payloads: [(&str, &[u8]); 7] = [
+        let payloads: [(&str, &[u8]); 13] = [
             ("a truncated tag", &[0xff]),
             ("a field longer than the message", &[0x0a, 0x05, 0x01]),
             ("field 0", &[0x00, 0x01]),
             ("an end-group tag", &[0x0c]),
             ("wire type 7", &[0x0f]),
             ("a bad field inside the create", &[0x0a, 0x02, 0x08, 0x01]),
+            ("field 2^29", &[0x80, 0x80, 0x80, 0x80, 0x10]),
+            ("wire type 6, unknown field", &[0x4e]),
+            ("a group never ended", &[0x4b, 0x08, 0x01]),
+            (
+                "a packed filter running past its field",
+                &[0x0a, 0x03, 0x2a, 0x01, 0x80],
+            ),
+            (
+                "a fixed32 watch id in a create",
+                &[0x0a, 0x07, 0x3d, 1, 2, 3, 4, 0x38, 0x09],
+            ),
+            (
+                "an eleven-byte varint in a cancel",
+                &[
+                    0x12, 0x0c, 0x38, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                    0x01,
+                ],
+            ),
             ("a message over the size limit", &[0x0a; 3 << 20]),
         ];
         for (what, payload) in payloads {

@@ -1,10 +1,19 @@
-//! The error a Go etcd server gives for an undecodable WatchRequest.
+//! How a Go etcd server decodes a WatchRequest, and the error it gives for
+//! one that does not decode.
 //!
-//! etcd decodes requests with gogo-protobuf's generated code, whose errors
-//! name the Go message and field (`proto: wrong wireType = 0 for field Key`);
-//! prost's errors carry too little to rebuild that text (a oneof is one
-//! field to it), so this re-reads the bytes the way that code does, checking
-//! what it checks in the same order, and reports its first complaint.
+//! etcd 3.5 and 3.6 decode requests with gogo-protobuf's generated code,
+//! whose errors name the Go message and field (`proto: wrong wireType = 0
+//! for field Key`); prost's errors carry too little to rebuild that text (a
+//! oneof is one field to it), so [`watch_request_error`] re-reads the bytes
+//! the way that code does, checking what it checks in the same order, and
+//! reports its first complaint.
+//!
+//! etcd 3.7's messages are protoc-gen-go's, decoded by protobuf-go, which
+//! says [`PROTOBUF_GO_ERROR`] of any bytes it cannot parse and takes a known
+//! field of another wire type than its own as an unknown field (skipped when
+//! it parses as that wire type) where prost refuses it:
+//! [`protobuf_go_watch_request`] re-reads the bytes by those rules and keeps
+//! only the fields the Go message would hold, for prost to decode.
 
 /// How the Go decoder reads one field.
 #[derive(Clone, Copy)]
@@ -221,11 +230,160 @@ fn skip(data: &[u8]) -> Result<i64, String> {
     Err(UNEXPECTED_EOF.into())
 }
 
+/// protobuf-go's text for every wire-format fault (`errDecode` in
+/// internal/impl/decode.go), whatever and wherever it is.
+pub const PROTOBUF_GO_ERROR: &str = "proto: cannot parse invalid wire-format data";
+
+/// The largest field number (protowire.MaxValidNumber).
+const MAX_FIELD_NUMBER: u64 = (1 << 29) - 1;
+
+/// How deep protobuf-go follows groups nested in an unknown field
+/// (protowire.DefaultRecursionLimit).
+const GROUP_DEPTH_LIMIT: i32 = 10_000;
+
+/// The WatchRequest etcd 3.7 reads from `bytes`: the bytes with every field
+/// protobuf-go would not set on the message left out (prost then decodes
+/// them as protobuf-go would), or `None` where protobuf-go fails.
+pub fn protobuf_go_watch_request(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut kept = Vec::with_capacity(bytes.len());
+    protobuf_go_message(&WATCH_REQUEST, bytes, &mut kept)?;
+    Some(kept)
+}
+
+/// A varint as protowire.ConsumeVarint reads it: at most ten bytes, the
+/// tenth 0 or 1.
+fn protobuf_go_varint(data: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let byte = *data.get(*at + i)?;
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte < 0x80 {
+            if i == 9 && byte > 1 {
+                return None;
+            }
+            *at += i + 1;
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// A length-delimited value at `*at` (protowire.ConsumeBytes): its bytes.
+fn protobuf_go_bytes<'a>(data: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
+    let length = protobuf_go_varint(data, at)?;
+    if length > (data.len() - *at) as u64 {
+        return None;
+    }
+    let value = &data[*at..*at + length as usize];
+    *at += length as usize;
+    Some(value)
+}
+
+/// Steps over one field value of `wire_type` (protowire's
+/// consumeFieldValueD): a group must end with its own number.
+fn protobuf_go_skip(
+    number: u64,
+    wire_type: u64,
+    data: &[u8],
+    at: &mut usize,
+    depth: i32,
+) -> Option<()> {
+    match wire_type {
+        0 => {
+            protobuf_go_varint(data, at)?;
+        }
+        1 | 5 => {
+            let width = if wire_type == 1 { 8 } else { 4 };
+            if data.len() - *at < width {
+                return None;
+            }
+            *at += width;
+        }
+        2 => {
+            protobuf_go_bytes(data, at)?;
+        }
+        3 => {
+            if depth < 0 {
+                return None;
+            }
+            loop {
+                let key = protobuf_go_varint(data, at)?;
+                // Inside a group any number from 1 to 2^31-1 is taken (DecodeTag).
+                let inner = key >> 3;
+                if inner < 1 || inner > i32::MAX as u64 {
+                    return None;
+                }
+                if key & 7 == 4 {
+                    return (inner == number).then_some(());
+                }
+                protobuf_go_skip(inner, key & 7, data, at, depth - 1)?;
+            }
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// Reads `data` as `schema` by protobuf-go's rules (unmarshalPointerEager
+/// in internal/impl/decode.go), appending to `kept` each field it would set.
+fn protobuf_go_message(schema: &Schema, data: &[u8], kept: &mut Vec<u8>) -> Option<()> {
+    let mut at = 0;
+    while at < data.len() {
+        let start = at;
+        let key = protobuf_go_varint(data, &mut at)?;
+        let number = key >> 3;
+        let wire_type = key & 7;
+        // An end group outside any group is a fault, as is a number out of range.
+        if !(1..=MAX_FIELD_NUMBER).contains(&number) || wire_type == 4 {
+            return None;
+        }
+        let field = schema
+            .fields
+            .iter()
+            .find(|(n, _, _)| *n as u64 == number)
+            .map(|&(_, _, kind)| kind);
+        match (field, wire_type) {
+            (Some(Kind::Varint | Kind::Varints), 0) => {
+                protobuf_go_varint(data, &mut at)?;
+                kept.extend_from_slice(&data[start..at]);
+            }
+            (Some(Kind::Bytes), 2) => {
+                protobuf_go_bytes(data, &mut at)?;
+                kept.extend_from_slice(&data[start..at]);
+            }
+            (Some(Kind::Varints), 2) => {
+                // Packed: each varint within the field.
+                let packed = protobuf_go_bytes(data, &mut at)?;
+                let mut inner = 0;
+                while inner < packed.len() {
+                    protobuf_go_varint(packed, &mut inner)?;
+                }
+                kept.extend_from_slice(&data[start..at]);
+            }
+            (Some(Kind::Message(inner)), 2) => {
+                let value = protobuf_go_bytes(data, &mut at)?;
+                let mut inner_kept = Vec::with_capacity(value.len());
+                protobuf_go_message(inner, value, &mut inner_kept)?;
+                prost::encoding::encode_key(
+                    number as u32,
+                    prost::encoding::WireType::LengthDelimited,
+                    kept,
+                );
+                prost::encoding::encode_varint(inner_kept.len() as u64, kept);
+                kept.extend_from_slice(&inner_kept);
+            }
+            // Unknown, or known with another wire type: skipped if it parses.
+            _ => protobuf_go_skip(number, wire_type, data, &mut at, GROUP_DEPTH_LIMIT)?,
+        }
+    }
+    Some(())
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message;
 
-    use super::watch_request_error;
+    use super::{PROTOBUF_GO_ERROR, protobuf_go_watch_request, watch_request_error};
     use crate::proto::etcdserverpb::{
         WatchCreateRequest, WatchRequest, WatchResponse, watch_request::RequestUnion,
     };
@@ -305,6 +463,95 @@ mod tests {
         assert_eq!(
             error(&response.encode_to_vec()),
             "proto: wrong wireType = 0 for field CancelRequest"
+        );
+    }
+
+    /// What etcd 3.7 reads from `bytes`.
+    fn read_37(bytes: &[u8]) -> Result<WatchRequest, &'static str> {
+        let kept = protobuf_go_watch_request(bytes).ok_or(PROTOBUF_GO_ERROR)?;
+        Ok(WatchRequest::decode(&kept[..]).expect("kept fields decode"))
+    }
+
+    fn create(request: WatchCreateRequest) -> WatchRequest {
+        WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(request)),
+        }
+    }
+
+    /// Each payload real etcd 3.7.3 refused (tests/watch.rs sends most of them).
+    #[test]
+    fn protobuf_go_refuses_what_etcd_37_refuses() {
+        for bytes in [
+            &[0xff][..],
+            &[0x0a, 0x05, 0x01],
+            &[0x00, 0x01],
+            &[0x0c],
+            &[0x0f],
+            // Field number 2^29, one above the largest.
+            &[0x80, 0x80, 0x80, 0x80, 0x10],
+            // An eleven-byte varint in an unknown field of a cancel.
+            &[
+                0x12, 0x0c, 0x38, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+            ],
+            // A ten-byte varint whose last byte is over 1.
+            &[
+                0x48, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02,
+            ],
+            // Wire type 6 on an unknown field; a fixed64 past the end.
+            &[0x4e],
+            &[0x49, 0x01],
+            // A group ended by another number; one never ended.
+            &[0x4b, 0x54],
+            &[0x4b, 0x08, 0x01],
+            // A packed filter whose last varint runs past the field.
+            &[0x0a, 0x03, 0x2a, 0x01, 0x80],
+        ] {
+            assert_eq!(read_37(bytes), Err(PROTOBUF_GO_ERROR), "{bytes:02x?}");
+        }
+    }
+
+    #[test]
+    fn protobuf_go_skips_known_fields_of_another_wire_type() {
+        // Key as a varint: a create with no key, as etcd 3.7.3 took it.
+        assert_eq!(
+            read_37(&[0x0a, 0x02, 0x08, 0x01]),
+            Ok(create(WatchCreateRequest::default()))
+        );
+        // The create itself as a varint, then a group: nothing set.
+        assert_eq!(
+            read_37(&[0x08, 0x05, 0x0b, 0x10, 0x01, 0x0c]),
+            Ok(WatchRequest::default())
+        );
+        // A fixed32 watch id, then the real one.
+        assert_eq!(
+            read_37(&[0x0a, 0x07, 0x3d, 1, 2, 3, 4, 0x38, 0x09]),
+            Ok(create(WatchCreateRequest {
+                watch_id: 9,
+                ..Default::default()
+            }))
+        );
+    }
+
+    #[test]
+    fn protobuf_go_reads_valid_requests_whole() {
+        let request = create(WatchCreateRequest {
+            key: b"a".to_vec(),
+            range_end: b"b".to_vec(),
+            start_revision: -3,
+            progress_notify: true,
+            filters: vec![0, 1],
+            prev_kv: true,
+            watch_id: 7,
+            fragment: true,
+        });
+        assert_eq!(read_37(&request.encode_to_vec()), Ok(request));
+        // Unpacked filters too.
+        assert_eq!(
+            read_37(&[0x0a, 0x04, 0x28, 0x01, 0x28, 0x00]),
+            Ok(create(WatchCreateRequest {
+                filters: vec![1, 0],
+                ..Default::default()
+            }))
         );
     }
 }

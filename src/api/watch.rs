@@ -22,7 +22,7 @@ use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::ServerInfo;
-use super::go_decode::watch_request_error;
+use super::go_decode::{PROTOBUF_GO_ERROR, protobuf_go_watch_request, watch_request_error};
 use super::require_leader::end_without_leader;
 use crate::backend::Backend;
 use crate::metrics::{GaugeGuard, metrics};
@@ -62,11 +62,12 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> +
 
 impl<B: Backend> WatchService<B> {
     /// The service as a route of the gRPC server, taking requests of up to
-    /// `max_message` bytes.
-    pub fn into_route(self: Arc<Self>, max_message: usize) -> WatchRoute<B> {
+    /// `max_message` bytes, read as `decoder` reads them.
+    pub fn into_route(self: Arc<Self>, max_message: usize, decoder: GoDecoder) -> WatchRoute<B> {
         WatchRoute {
             service: self,
             max_message,
+            codec: WatchCodec { decoder },
         }
     }
 
@@ -185,10 +186,34 @@ impl<S: Stream<Item = Outbound> + Unpin> Stream for UntilDeadline<S> {
     }
 }
 
-/// The Watch service's codec: prost's, except that an undecodable request
-/// gets the error etcd sends for it.
+/// The Watch service's codec: prost's, except that requests are read as the
+/// emulated etcd's Go decoder reads them, and an undecodable one gets the
+/// error etcd sends for it.
 #[derive(Clone, Copy, Default)]
-pub struct WatchCodec;
+pub struct WatchCodec {
+    decoder: GoDecoder,
+}
+
+/// Which Go protobuf library the emulated etcd decodes requests with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GoDecoder {
+    /// gogo-protobuf's generated code: etcd 3.5 and 3.6.
+    #[default]
+    Gogo,
+    /// protobuf-go, for the protoc-gen-go messages of etcd 3.7 and later.
+    ProtobufGo,
+}
+
+impl GoDecoder {
+    /// The decoder of the etcd release `version` (such as `3.7.3`).
+    pub fn of_etcd(version: &str) -> Self {
+        if crate::config::major_minor(version) >= (3, 7) {
+            GoDecoder::ProtobufGo
+        } else {
+            GoDecoder::Gogo
+        }
+    }
+}
 
 impl Codec for WatchCodec {
     type Encode = WatchResponse;
@@ -201,7 +226,7 @@ impl Codec for WatchCodec {
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        WatchCodec
+        *self
     }
 }
 
@@ -211,6 +236,18 @@ impl Decoder for WatchCodec {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<WatchRequest>, Status> {
         let bytes = buf.copy_to_bytes(buf.remaining());
+        if self.decoder == GoDecoder::ProtobufGo {
+            // The fields protobuf-go would set, or its one error text, after
+            // the wording of etcd 3.7's gRPC-Go.
+            return protobuf_go_watch_request(&bytes)
+                .and_then(|kept| WatchRequest::decode(&kept[..]).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    Status::internal(format!(
+                        "grpc: failed to unmarshal the received message: {PROTOBUF_GO_ERROR}"
+                    ))
+                });
+        }
         WatchRequest::decode(bytes.clone())
             .map(Some)
             .map_err(|error| {
@@ -231,6 +268,7 @@ const WATCH_PATH: &str = "/etcdserverpb.Watch/Watch";
 pub struct WatchRoute<B: Backend> {
     service: Arc<WatchService<B>>,
     max_message: usize,
+    codec: WatchCodec,
 }
 
 impl<B: Backend> Clone for WatchRoute<B> {
@@ -238,6 +276,7 @@ impl<B: Backend> Clone for WatchRoute<B> {
         WatchRoute {
             service: self.service.clone(),
             max_message: self.max_message,
+            codec: self.codec,
         }
     }
 }
@@ -263,9 +302,9 @@ impl<B: Backend> tower::Service<http::Request<tonic::body::Body>> for WatchRoute
         }
         let method = WatchMethod(self.service.clone());
         let max_message = self.max_message;
+        let codec = self.codec;
         Box::pin(async move {
-            let mut grpc =
-                Grpc::new(WatchCodec).apply_max_message_size_config(Some(max_message), None);
+            let mut grpc = Grpc::new(codec).apply_max_message_size_config(Some(max_message), None);
             Ok(grpc.streaming(method, request).await)
         })
     }

@@ -315,7 +315,10 @@ async fn serve<B: Backend>(
     let mut routes = tonic::service::Routes::builder();
     routes
         .add_service(KvServer::from_arc(kv.clone()).max_decoding_message_size(max_message))
-        .add_service(watch.clone().into_route(max_message))
+        .add_service(watch.clone().into_route(
+            max_message,
+            crate::api::watch::GoDecoder::of_etcd(&config.emulated_etcd_version),
+        ))
         .add_service(LeaseServer::from_arc(lease.clone()).max_decoding_message_size(max_message))
         .add_service(
             MaintenanceServer::from_arc(maintenance.clone()).max_decoding_message_size(max_message),

@@ -8,6 +8,10 @@
 //! `rev` (etcd's `kvindex.Keep(rev)`). When no key at all is alive at `rev`
 //! that keep set is empty and etcd skips the filter, hashing every row its
 //! compaction kept (each key's state at the compact revision): so does this.
+//! (From 3.5.16 on that compaction also keeps a tombstone at the compact
+//! revision, which the hasher skips, `kvHasher.WriteKeyValue` in
+//! server/storage/mvcc/hash.go; the digest a 3.6+ compaction keeps differs,
+//! see [`hash_kv_before_compaction`].)
 //! The same history therefore gives the same value on etcd and on cetera,
 //! whatever the backend.
 //!
@@ -101,6 +105,39 @@ pub async fn hash_kv<T: ReadTxn>(
     revision: i64,
     at_compact: bool,
 ) -> StoreResult<KvHash> {
+    hash_kv_keeping(txn, revision, at_compact, KeepSet::Live).await
+}
+
+/// The digest etcd 3.6 and later keep for a compaction at `revision`,
+/// taken before it. Its hasher (`scheduleCompaction` in
+/// server/storage/mvcc/kvstore_compaction.go) filters on the revisions the
+/// index compaction keeps (`keyIndex.compact`), which from 3.5.16 on include
+/// a tombstone at `revision`; HashKV's own keep set (`keyIndex.keep`) drops
+/// it. So with no key alive at `revision` but one deleted there the filter
+/// stays on and no row at or below the compact revision is hashed.
+pub async fn hash_kv_before_compaction<T: ReadTxn>(
+    txn: &mut T,
+    revision: i64,
+) -> StoreResult<KvHash> {
+    hash_kv_keeping(txn, revision, false, KeepSet::Compaction).await
+}
+
+/// Which keep set filters the rows at or below the compact revision.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeepSet {
+    /// HashKV's (`treeIndex.Keep`): each live key's latest change.
+    Live,
+    /// A compaction's (`treeIndex.Compact`): those, and the tombstones at
+    /// the compaction's revision.
+    Compaction,
+}
+
+async fn hash_kv_keeping<T: ReadTxn>(
+    txn: &mut T,
+    revision: i64,
+    at_compact: bool,
+    keep_set: KeepSet,
+) -> StoreResult<KvHash> {
     let revs = txn.revisions().await?;
     if revision > 0 && (revision < revs.compact || (revision == revs.compact && !at_compact)) {
         return Err(StoreError::Compacted);
@@ -116,7 +153,15 @@ pub async fn hash_kv<T: ReadTxn>(
     let mut hasher = EtcdHasher::new();
     // A negative revision hashes nothing but the bucket name, as in etcd.
     if revision > 0 {
-        hash_kept_rows(txn, revision, revs.current, revs.compact, &mut hasher).await?;
+        hash_kept_rows(
+            txn,
+            revision,
+            revs.current,
+            revs.compact,
+            keep_set,
+            &mut hasher,
+        )
+        .await?;
         for_each_log_entry(txn, revs.compact, revision, |entry| hasher.entry(&entry)).await?;
     }
     Ok(KvHash {
@@ -138,19 +183,26 @@ fn read_at(revision: i64, current: i64) -> ReadAt {
 
 /// Hashes the rows at or below `compact` that etcd's HashKV at `revision`
 /// takes: those compaction kept that are still their key's latest change at
-/// `revision`, or, when no key is alive at `revision`, all that compaction kept.
+/// `revision`, or, when the keep set is empty (no key alive at `revision`,
+/// and for [`KeepSet::Compaction`] none deleted there), all that compaction kept.
 async fn hash_kept_rows<T: ReadTxn>(
     txn: &mut T,
     revision: i64,
     current: i64,
     compact: i64,
+    keep_set: KeepSet,
     hasher: &mut EtcdHasher,
 ) -> StoreResult<()> {
     if compact <= 0 {
         return Ok(());
     }
     let (mut kept, any_alive) = unchanged_keys(txn, read_at(revision, current), compact).await?;
-    if !any_alive {
+    let keep_set_empty = !any_alive
+        && match keep_set {
+            KeepSet::Live => true,
+            KeepSet::Compaction => !deletes_at(txn, revision).await?,
+        };
+    if keep_set_empty {
         kept = unchanged_keys(txn, read_at(compact, current), compact)
             .await?
             .0;
@@ -172,6 +224,16 @@ async fn hash_kept_rows<T: ReadTxn>(
     })
     .await?;
     Ok(())
+}
+
+/// Whether revision `revision` deleted a key.
+async fn deletes_at<T: ReadTxn>(txn: &mut T, revision: i64) -> StoreResult<bool> {
+    let mut deletes = false;
+    for_each_log_entry(txn, revision - 1, revision, |entry| {
+        deletes |= entry.deleted
+    })
+    .await?;
+    Ok(deletes)
 }
 
 /// The HashKV that the store would have if it were compacted at its current

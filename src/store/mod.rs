@@ -409,7 +409,9 @@ impl<B: Backend> Store<B> {
         let before = match &self.compaction_hashes {
             Some(_) => {
                 let mut txn = self.backend.read().await?;
-                hash::hash_kv(&mut txn, req.revision, false).await.ok()
+                hash::hash_kv_before_compaction(&mut txn, req.revision)
+                    .await
+                    .ok()
             }
             None => None,
         };
