@@ -443,16 +443,7 @@ mod tests {
     #[test]
     fn valid_requests_are_accepted() {
         let create = WatchRequest {
-            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-                key: b"a".to_vec(),
-                range_end: b"b".to_vec(),
-                start_revision: -3,
-                progress_notify: true,
-                filters: vec![0, 1],
-                prev_kv: true,
-                watch_id: 7,
-                fragment: true,
-            })),
+            request_union: Some(RequestUnion::CreateRequest(every_field_set())),
         };
         assert_eq!(error(&create.encode_to_vec()), "accepted");
         // Some other message's bytes, read as a WatchRequest.
@@ -470,6 +461,20 @@ mod tests {
     fn read_37(bytes: &[u8]) -> Result<WatchRequest, &'static str> {
         let kept = protobuf_go_watch_request(bytes).ok_or(PROTOBUF_GO_ERROR)?;
         Ok(WatchRequest::decode(&kept[..]).expect("kept fields decode"))
+    }
+
+    /// A create request with every field set.
+    fn every_field_set() -> WatchCreateRequest {
+        WatchCreateRequest {
+            key: b"a".to_vec(),
+            range_end: b"b".to_vec(),
+            start_revision: -3,
+            progress_notify: true,
+            filters: vec![0, 1],
+            prev_kv: true,
+            watch_id: 7,
+            fragment: true,
+        }
     }
 
     fn create(request: WatchCreateRequest) -> WatchRequest {
@@ -534,16 +539,7 @@ mod tests {
 
     #[test]
     fn protobuf_go_reads_valid_requests_whole() {
-        let request = create(WatchCreateRequest {
-            key: b"a".to_vec(),
-            range_end: b"b".to_vec(),
-            start_revision: -3,
-            progress_notify: true,
-            filters: vec![0, 1],
-            prev_kv: true,
-            watch_id: 7,
-            fragment: true,
-        });
+        let request = create(every_field_set());
         assert_eq!(read_37(&request.encode_to_vec()), Ok(request));
         // Unpacked filters too.
         assert_eq!(
