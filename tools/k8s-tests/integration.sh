@@ -67,6 +67,7 @@ SRC=$WORK/src
 BIN=$WORK/bin
 WRAP=$WORK/path
 LOGS=$ROOT/target/k8s-tests/logs
+GOMODCACHE=$(go env GOMODCACHE)
 mkdir -p "$WORK" "$BIN" "$WRAP" "$LOGS"
 
 moddir() {
@@ -224,8 +225,12 @@ for p in "${packages[@]}"; do
     [[ -n $run ]] && args+=(-test.run "$run")
     [[ -n $skip ]] && args+=(-test.skip "$skip")
     start=$SECONDS
-    (cd "$SRC/$path" && PATH="$WRAP:$PATH" KUBE_INTEGRATION_ETCD_URL=$url "$BIN/$p.test" "${args[@]}") \
-        > "$log" 2>&1 || status=1
+    # TEST_SRCDIR/TEST_WORKSPACE: the binaries are built with -trimpath, so a file's path is
+    # module@version/...; the apiserver's test server (cmd/kube-apiserver/app/testing)
+    # finds its own folder as bazel's TEST_SRCDIR/TEST_WORKSPACE/path: the module cache.
+    (cd "$SRC/$path" && PATH="$WRAP:$PATH" KUBE_INTEGRATION_ETCD_URL=$url \
+        TEST_SRCDIR=$(dirname "$GOMODCACHE") TEST_WORKSPACE=$(basename "$GOMODCACHE") \
+        "$BIN/$p.test" "${args[@]}") > "$log" 2>&1 || status=1
     elapsed=$((SECONDS - start))
     stop_server
     python3 - "$log" "$p" "$label" "$elapsed" <<'PY'
