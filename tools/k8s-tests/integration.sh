@@ -64,10 +64,10 @@ for p in "${packages[@]}"; do pkg_path "$p" >/dev/null; done
 WORK=$ROOT/target/k8s-tests/kube
 MOD=$WORK/mod
 SRC=$WORK/src
+TESTSRC=$WORK/testsrc
 BIN=$WORK/bin
 WRAP=$WORK/path
 LOGS=$ROOT/target/k8s-tests/logs
-GOMODCACHE=$(go env GOMODCACHE)
 mkdir -p "$WORK" "$BIN" "$WRAP" "$LOGS"
 
 moddir() {
@@ -95,6 +95,14 @@ if [[ "$(cat "$BIN/.stamp" 2>/dev/null)" != "$stamp" ]]; then
     mkdir -p "$SRC/staging/src/k8s.io/api"
     cp -r "$api/testdata" "$SRC/staging/src/k8s.io/api/testdata"
     chmod -R u+w "$SRC/staging"
+    # The folders the -trimpath test servers look for (see TEST_SRCDIR below): a binary's
+    # file names are module@version/..., a replaced staging module's version v0.0.0. The
+    # apiextensions test server writes its certificates there, so they are writable copies.
+    rm -rf "$TESTSRC"
+    mkdir -p "$TESTSRC/ws/k8s.io"
+    ln -s "$SRC" "$TESTSRC/ws/k8s.io/kubernetes@$KUBE_VERSION"
+    cp -r "$(moddir "k8s.io/apiextensions-apiserver@$STAGING_VERSION")" "$TESTSRC/ws/k8s.io/apiextensions-apiserver@v0.0.0"
+    chmod -R u+w "$TESTSRC"
     for p in "${all_packages[@]}"; do
         path=$(pkg_path "$p")
         (cd "$MOD" && nice -n 5 go test -mod=mod -c -trimpath -tags=run_integration_tests \
@@ -226,10 +234,10 @@ for p in "${packages[@]}"; do
     [[ -n $skip ]] && args+=(-test.skip "$skip")
     start=$SECONDS
     # TEST_SRCDIR/TEST_WORKSPACE: the binaries are built with -trimpath, so a file's path is
-    # module@version/...; the apiserver's test server (cmd/kube-apiserver/app/testing)
-    # finds its own folder as bazel's TEST_SRCDIR/TEST_WORKSPACE/path: the module cache.
+    # module@version/...; the test servers of kube-apiserver and apiextensions-apiserver
+    # find their own folder as bazel's TEST_SRCDIR/TEST_WORKSPACE/path.
     (cd "$SRC/$path" && PATH="$WRAP:$PATH" KUBE_INTEGRATION_ETCD_URL=$url \
-        TEST_SRCDIR=$(dirname "$GOMODCACHE") TEST_WORKSPACE=$(basename "$GOMODCACHE") \
+        TEST_SRCDIR=$TESTSRC TEST_WORKSPACE=ws \
         "$BIN/$p.test" "${args[@]}") > "$log" 2>&1 || status=1
     elapsed=$((SECONDS - start))
     stop_server
