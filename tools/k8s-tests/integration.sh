@@ -2,7 +2,7 @@
 # Kubernetes' own integration tests (k8s.io/kubernetes v1.37.2, -tags=run_integration_tests)
 # against a running cetera or etcd 3.7.3, one fresh server per test package:
 #
-#   tools/k8s-tests/integration.sh [--server cetera|etcd] [--backend sqlite|postgres|mysql]
+#   tools/k8s-tests/integration.sh [--server cetera|etcd] [--backend sqlite|postgres|mysql|cluster]
 #                                  [--package NAME]... [--run REGEX] [--skip REGEX]
 #
 # Packages (--package, repeatable; default all four):
@@ -14,7 +14,9 @@
 # --server etcd is the baseline, tools/reference/bin/etcd (3.7.3, built by
 # tools/reference/build.sh etcd). --backend postgres|mysql gives the package's cetera a
 # fresh database on CETERA_TEST_POSTGRES_URL / CETERA_TEST_MYSQL_URL (default the local
-# servers). The cetera binary is $CETERA_BIN, else the newer of target/release/cetera and
+# servers); --backend cluster a fresh 3-member replicated cluster (SQLite each, founded by
+# the first with --cluster-init, the others --join it), the tests talking to the second
+# member, a follower unless an election moved the leadership. The cetera binary is $CETERA_BIN, else the newer of target/release/cetera and
 # target/debug/cetera.
 #
 # How: a scratch Go module in target/k8s-tests/kube/mod (never committed) requires
@@ -121,10 +123,10 @@ if [[ $server == cetera ]]; then
     fi
     [[ -x "${CETERA_BIN:-}" ]] || { echo "no cetera binary: build it or set CETERA_BIN" >&2; exit 2; }
     case $backend in
-        sqlite) db_server="" ;;
+        sqlite|cluster) db_server="" ;;
         postgres) db_server=${CETERA_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432} ;;
         mysql) db_server=${CETERA_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306} ;;
-        *) echo "--backend: sqlite, postgres or mysql" >&2; exit 2 ;;
+        *) echo "--backend: sqlite, postgres, mysql or cluster" >&2; exit 2 ;;
     esac
     label=cetera-$backend
     # `etcd` for the tests that start their own: cetera with etcd's flags; on PostgreSQL
@@ -165,7 +167,7 @@ free_port() {
 drop_database() {
     local name=$1
     case $backend in
-        postgres) psql "${db_server%/}/postgres" -qc "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null || true ;;
+        postgres) PGOPTIONS=--client-min-messages=warning psql "${db_server%/}/postgres" -qc "DROP DATABASE IF EXISTS $name WITH (FORCE)" >/dev/null || true ;;
         mysql)
             local u=${db_server#mysql://} host port user
             user=${u%%@*}; u=${u#*@}; u=${u%%/*}; host=${u%%:*}; port=${u##*:}
@@ -173,21 +175,34 @@ drop_database() {
     esac
 }
 
-server_pid=""
+server_pids=()
 stop_server() {
-    if [[ -n $server_pid ]]; then
-        kill -TERM "$server_pid" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-        server_pid=""
-    fi
+    local pid
+    for pid in "${server_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${server_pids[@]}"; do
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    server_pids=()
     if [[ -f $WORK/databases ]]; then
         while read -r name; do drop_database "$name"; done < "$WORK/databases"
         rm -f "$WORK/databases"
     fi
 }
 trap stop_server EXIT
+
+# wait_healthy URL PID LOG: until URL/health answers, or the process exits.
+wait_healthy() {
+    local url=$1 pid=$2 log=$3
+    for _ in $(seq 600); do
+        if curl -sf "$url/health" >/dev/null 2>&1; then return 0; fi
+        kill -0 "$pid" 2>/dev/null || { echo "the server exited: $log" >&2; tail -20 "$log" >&2; return 1; }
+        sleep 0.1
+    done
+    echo "the server did not become healthy: $log" >&2
+    return 1
+}
 
 # start_server PACKAGE: a fresh server on a free port; sets url.
 start_server() {
@@ -198,6 +213,26 @@ start_server() {
     mkdir -p "$dir"
     log=$LOGS/kube-$p-$label.server.log
     url=http://127.0.0.1:$port
+    if [[ $backend == cluster && $server == cetera ]]; then
+        # Three members; the tests get the second one's URL.
+        local i join=() peer0="" member_url
+        : > "$log"
+        for i in 1 2 3; do
+            local cport=$port peer
+            [[ $i == 2 ]] || cport=$(free_port)
+            peer=127.0.0.1:$(free_port)
+            member_url=http://127.0.0.1:$cport
+            if [[ $i == 1 ]]; then join=(--cluster-init); peer0=http://$peer; else join=(--join "$peer0"); fi
+            mkdir -p "$dir/n$i"
+            RUST_LOG=${CETERA_TEST_LOG:-warn} "$CETERA_BIN" --name "n$i" --listen-address "127.0.0.1:$cport" \
+                --endpoint "sqlite://$dir/n$i/state.db" --peer-listen-address "$peer" "${join[@]}" \
+                --token k8s-integration --watch-progress-notify-interval 10m \
+                --quota-backend-bytes $((8 * 1024 * 1024 * 1024)) > "$log.n$i" 2>&1 &
+            server_pids+=($!)
+            wait_healthy "$member_url" "$!" "$log.n$i" || return 1
+        done
+        return 0
+    fi
     if [[ $server == cetera ]]; then
         local endpoint=sqlite://$dir/state.db
         if [[ -n $db_server ]]; then
@@ -207,20 +242,15 @@ start_server() {
             endpoint=${db_server%/}/$name
         fi
         RUST_LOG=${CETERA_TEST_LOG:-warn} "$CETERA_BIN" --listen-address "127.0.0.1:$port" \
-            --endpoint "$endpoint" --watch-progress-notify-interval 10m > "$log" 2>&1 &
+            --endpoint "$endpoint" --watch-progress-notify-interval 10m \
+            --quota-backend-bytes $((8 * 1024 * 1024 * 1024)) > "$log" 2>&1 &
     else
         "$ETCD_BIN" --data-dir "$dir" --listen-client-urls "$url" --advertise-client-urls "$url" \
             --listen-peer-urls "http://127.0.0.1:$(free_port)" --log-level warn \
             --quota-backend-bytes $((8 * 1024 * 1024 * 1024)) > "$log" 2>&1 &
     fi
-    server_pid=$!
-    for _ in $(seq 600); do
-        if curl -sf "$url/health" >/dev/null 2>&1; then return 0; fi
-        kill -0 "$server_pid" 2>/dev/null || { echo "the server exited: $log" >&2; tail -20 "$log" >&2; return 1; }
-        sleep 0.1
-    done
-    echo "the server did not become healthy: $log" >&2
-    return 1
+    server_pids+=($!)
+    wait_healthy "$url" "$!" "$log"
 }
 
 status=0
