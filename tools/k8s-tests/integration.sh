@@ -289,8 +289,12 @@ for n, r in sorted(leaves.items()):
     if r == "FAIL":
         print(f"  FAIL {n}")
 PY
-    if ! grep -qE '^(ok|PASS)$|^--- (PASS|FAIL|SKIP)' "$log"; then
-        echo "  no test results: the binary failed before or outside the tests; see the log" >&2
+    # A test binary that ends normally prints PASS or FAIL last; one that does not was
+    # ended by something else (klog.Fatal of a leftover apiserver, a panic, the timeout),
+    # and the tests after that point did not run: the counts above miss them.
+    if ! tail -n 100 "$log" | grep -qE '^(PASS|FAIL)$'; then
+        echo "  the test binary ended early; tests after that point did not run. Its last words:" >&2
+        grep -E '^(F[0-9]{4} |panic:)' "$log" | head -3 | cut -c1-300 | sed 's/^/    /' >&2 || true
         status=1
     fi
 done
