@@ -27,6 +27,10 @@
 #     commits to SQLite, PostgreSQL or MariaDB, which on a loaded machine exceeds 100 ms;
 #   - the cacher's TestGet runs with -test.parallel 8, not 1: its subtests call t.Parallel()
 #     on purpose, and one at a time three of them fail on etcd as on cetera.
+#
+# Kubernetes' integration test packages (k8s.io/kubernetes test/integration/etcd, apiserver,
+# apiserver/apply, storageversion) against a running cetera or etcd: the sibling script
+# tools/k8s-tests/integration.sh (docs/kubernetes-tests.md, "Kubernetes' integration tests").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 # A relative CETERA_BIN names a file from where the script was started (it changes folder).
