@@ -16,8 +16,8 @@
 # fresh database on CETERA_TEST_POSTGRES_URL / CETERA_TEST_MYSQL_URL (default the local
 # servers); --backend cluster a fresh 3-member replicated cluster (SQLite each, founded by
 # the first with --cluster-init, the others --join it), the tests talking to the second
-# member, a follower unless an election moved the leadership. The cetera binary is $CETERA_BIN, else the newer of target/release/cetera and
-# target/debug/cetera.
+# member, a follower unless an election moved the leadership. The cetera binary is
+# $CETERA_BIN, else the newer of target/release/cetera and target/debug/cetera.
 #
 # How: a scratch Go module in target/k8s-tests/kube/mod (never committed) requires
 # k8s.io/kubernetes v1.37.2 with tools/reference/kubernetes's go.mod (its staging modules
