@@ -250,22 +250,14 @@ pub fn protobuf_go_watch_request(bytes: &[u8]) -> Option<Vec<u8>> {
     Some(kept)
 }
 
-/// A varint as protowire.ConsumeVarint reads it: at most ten bytes, the
-/// tenth 0 or 1.
+/// A varint as protowire.ConsumeVarint reads it (at most ten bytes, the
+/// tenth 0 or 1), which is the rule prost's reader follows.
 fn protobuf_go_varint(data: &[u8], at: &mut usize) -> Option<u64> {
-    let mut value = 0u64;
-    for i in 0..10 {
-        let byte = *data.get(*at + i)?;
-        value |= u64::from(byte & 0x7f) << (7 * i);
-        if byte < 0x80 {
-            if i == 9 && byte > 1 {
-                return None;
-            }
-            *at += i + 1;
-            return Some(value);
-        }
-    }
-    None
+    let mut rest = data.get(*at..)?;
+    let before = rest.len();
+    let value = prost::encoding::decode_varint(&mut rest).ok()?;
+    *at += before - rest.len();
+    Some(value)
 }
 
 /// A length-delimited value at `*at` (protowire.ConsumeBytes): its bytes.
