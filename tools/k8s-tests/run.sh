@@ -3,13 +3,15 @@
 # k8s.io/apiserver's pkg/storage/etcd3 and pkg/storage/cacher tests, with the embedded etcd
 # they start per test replaced by a fresh cetera per test (tools/k8s-tests/testserver).
 #
-#   tools/k8s-tests/run.sh [--server cetera|etcd] [--backend sqlite|postgres|mysql]
+#   tools/k8s-tests/run.sh [--server cetera|etcd] [--backend sqlite|postgres|mysql|cluster]
 #                          [--suite etcd3|cacher|all] [--run REGEX]
 #
 # --server etcd runs the same binary on the embedded etcd 3.7.3 of the original
 # testserver package (the baseline). --backend postgres|mysql gives each test a fresh
 # database on the server CETERA_TEST_POSTGRES_URL / CETERA_TEST_MYSQL_URL names (as the
-# integration tests; default the local ones), cetera only. --run passes -test.run.
+# integration tests; default the local ones), cetera only. --backend cluster gives each
+# test a fresh 3-member replicated cetera cluster (SQLite each; n1 --cluster-init, n2 and
+# n3 --join it) and the test's client talks to n2, a follower. --run passes -test.run.
 # The cetera binary is $CETERA_BIN, else the newer of target/release/cetera and
 # target/debug/cetera.
 #
@@ -91,11 +93,13 @@ if [[ $server == cetera ]]; then
     fi
     [[ -x "${CETERA_BIN:-}" ]] || { echo "no cetera binary: build it or set CETERA_BIN" >&2; exit 2; }
     export CETERA_BIN
+    unset CETERA_TEST_ENDPOINT CETERA_TEST_CLUSTER
     case $backend in
-        sqlite) unset CETERA_TEST_ENDPOINT ;;
+        sqlite) ;;
         postgres) export CETERA_TEST_ENDPOINT=${CETERA_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432} ;;
         mysql) export CETERA_TEST_ENDPOINT=${CETERA_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306} ;;
-        *) echo "--backend: sqlite, postgres or mysql" >&2; exit 2 ;;
+        cluster) export CETERA_TEST_CLUSTER=1 ;;
+        *) echo "--backend: sqlite, postgres, mysql or cluster" >&2; exit 2 ;;
     esac
     export CETERA_TEST_SERVER=cetera
     label=cetera-$backend
