@@ -138,8 +138,9 @@ func (s *servers) startServer(bin, dir, endpoint string, common []string) (strin
 
 // startCluster starts a 3-member replicated cluster, each member on a SQLite file of its
 // own in dir/nN: n1 founds it (--cluster-init), n2 and n3 join it through n1's peer port,
-// all with one token. It returns n2's client address: a follower, which forwards writes
-// and linearizable reads to the leader as a real deployment's members do.
+// all with one token. It returns n2's client address: a follower (n1, the founder, leads),
+// which forwards writes to the leader and asks it for a read index before a linearizable
+// read, as a real deployment's members do.
 func (s *servers) startCluster(bin, dir string, common []string) (string, error) {
 	var firstPeer, client string
 	for i := 1; i <= 3; i++ {
