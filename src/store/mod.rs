@@ -322,21 +322,42 @@ impl<B: Backend> Store<B> {
     /// etcd HashKV: a digest of the keys as of `revision` (0: current); at
     /// a compaction's revision, the digest taken before it, when kept.
     pub async fn hash_kv(&self, revision: i64) -> StoreResult<hash::KvHash> {
-        let mut txn = self.backend.read().await?;
-        let Some(kept) = &self.compaction_hashes else {
-            return hash::hash_kv(&mut txn, revision, false).await;
-        };
-        if let Some(mut hashed) = kept.at(revision) {
-            hashed.current = txn.revisions().await?.current;
+        if let Some(kept) = &self.compaction_hashes
+            && let Some(mut hashed) = kept.at(revision)
+        {
+            hashed.current = self.backend.read().await?.revisions().await?.current;
             return Ok(hashed);
         }
-        hash::hash_kv(&mut txn, revision, true).await
+        let at_compact = self.compaction_hashes.is_some();
+        self.read_history(move |mut txn| async move {
+            hash::hash_kv(&mut txn, revision, at_compact).await
+        })
+        .await
     }
 
     /// etcd Hash: a digest of the whole store, with the revision it is at.
     pub async fn hash(&self) -> StoreResult<(u32, i64)> {
-        let mut txn = self.backend.read().await?;
-        hash::hash_all(&mut txn).await
+        self.read_history(|mut txn| async move { hash::hash_all(&mut txn).await })
+            .await
+    }
+
+    /// Runs `read`, a read of the whole history (a digest), in a read
+    /// transaction on a blocking thread. SQLite's calls run inline: on a
+    /// runtime worker such a read would hold up the tasks queued behind it,
+    /// a write's answer among them, for as long as it takes (up to a second
+    /// for the history between two of the apiserver's compactions).
+    async fn read_history<T, F, Fut>(&self, read: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(B::Read) -> Fut + Send + 'static,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let (backend, runtime) = (self.backend.clone(), tokio::runtime::Handle::current());
+        tokio::task::spawn_blocking(move || {
+            runtime.block_on(async move { read(backend.read().await?).await })
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("history read failed: {e}")))?
     }
 
     /// etcd Defragment: gives freed space back to the file system.
@@ -408,10 +429,12 @@ impl<B: Backend> Store<B> {
         // (a revision the compaction will refuse has none).
         let before = match &self.compaction_hashes {
             Some(_) => {
-                let mut txn = self.backend.read().await?;
-                hash::hash_kv_before_compaction(&mut txn, req.revision)
-                    .await
-                    .ok()
+                let revision = req.revision;
+                self.read_history(move |mut txn| async move {
+                    hash::hash_kv_before_compaction(&mut txn, revision).await
+                })
+                .await
+                .ok()
             }
             None => None,
         };
