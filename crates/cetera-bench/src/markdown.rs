@@ -431,6 +431,11 @@ fn soak(results: &Results, out: &mut String) {
 }
 
 /// Whether a step ran at a fixed rate (its throughput is the rate, not a result).
+/// A step's first row: at a fixed rate, the paced one.
+fn first_row(run: &StepRun) -> Option<&Row> {
+    run.bench.results.first()
+}
+
 fn rate_limited(run: &StepRun) -> bool {
     run.bench.settings.get("rate").is_some_and(|r| !r.is_null())
 }
@@ -532,13 +537,7 @@ fn targets(results: &Results, out: &mut String) {
             // writes, the first row; not a soak's watch events, which arrive at
             // the writes' pace) judges them.
             let paced = rate_limited(c);
-            let row = |r: &'_ StepRun| {
-                if paced {
-                    r.bench.results.first()
-                } else {
-                    r.headline()
-                }
-            };
+            let row = |r| if paced { first_row(r) } else { r.headline() };
             let (Some(kr), Some(cr)) = (row(k), row(c)) else {
                 continue;
             };
