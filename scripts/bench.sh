@@ -33,6 +33,10 @@
 # With --backend postgres or mysql, the fsyncs, bytes written and CPU of cetera and of
 # kine are those of the server plus every process of that database server (fsyncs: of
 # the processes there when the step starts); VmHWM and VmRSS stay the server's own.
+# Those bytes include the database server's background work (checkpoints, vacuum,
+# statistics), so the steps also count what the database appended to its
+# write-ahead log (PostgreSQL's WAL position, InnoDB's Innodb_os_log_written): the
+# write cost of the peer's own statements. The soak's peers share the server: n/a.
 # The idle test is skipped there: the database server's own background work is not
 # the server's.
 #
@@ -226,6 +230,18 @@ if [[ -n $DB_DELAY && $BACKEND != sqlite ]]; then
     KINE_BACKEND_DESC+=", reached through the same proxy"
 fi
 
+# The bytes on disk of the database of the server named NAME on a database server:
+# PostgreSQL's pg_database_size, MariaDB's folder of the database's files.
+database_bytes() {
+    local db n=""
+    db=$(database_name "$1")
+    case $BACKEND in
+        postgres) n=$(psql "$PG_URL/postgres" -tAc "SELECT pg_database_size('$db')" 2>/dev/null) ;;
+        mysql) n=$(du -sb "$(mysql_client -N -e 'SELECT @@datadir')/$db" 2>/dev/null | cut -f1) ;;
+    esac
+    echo "${n:-0}"
+}
+
 # The datastore endpoint of a new cetera named NAME, in DIR.
 cetera_endpoint() {
     local name=$1 dir=$2
@@ -366,10 +382,21 @@ io_field() { sum_over "$1" io -v f="$2:" '$1 == f { print $2 }'; }
 cpu_ticks() { sum_over "$1" stat '{ print $14 + $15 + $16 + $17 }'; }
 sys_ticks() { sum_over "$1" stat '{ print $15 + $17 }'; }
 status_kb() { awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+# The bytes the database server has appended to its write-ahead log so far
+# (PostgreSQL's WAL, InnoDB's redo log), or "null" on SQLite. The log is the
+# server's, not one database's: a step's difference is its peer's only while no
+# other peer runs on that server (not in the soak, whose peers run at once).
+db_log_bytes() {
+    case $BACKEND in
+        postgres) psql "$PG_URL/postgres" -tAc "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn" ;;
+        mysql) mysql_client -N -e "SHOW GLOBAL STATUS LIKE 'Innodb_os_log_written'" | awk '{ print $2 }' ;;
+        *) echo null ;;
+    esac
+}
 
 # Each sampled server's counters at its step's start, by tag (several servers may
 # be sampled at once).
-declare -A S_WB S_SYSCW S_CPU S_SYS S_T0 S_COUNTER S_FSYNC_OUT
+declare -A S_WB S_SYSCW S_CPU S_SYS S_T0 S_COUNTER S_FSYNC_OUT S_DB_LOG
 
 # sample_begin "PIDS" TAG: snapshots counters and starts the fsync counter. The first
 # pid is the server's own (its memory is reported); the others count for its work.
@@ -380,6 +407,7 @@ sample_begin() {
     S_CPU[$tag]=$(cpu_ticks "$pids")
     S_SYS[$tag]=$(sys_ticks "$pids")
     S_T0[$tag]=$(date +%s.%N)
+    S_DB_LOG[$tag]=$(db_log_bytes)
     # With RESET_HWM set, VmHWM is the step's own peak, not the peak since start.
     [[ -z ${RESET_HWM:-} ]] || echo 5 >"/proc/${pids%% *}/clear_refs" 2>/dev/null || true
     S_FSYNC_OUT[$tag]=$OUT/$tag.fsync
@@ -402,8 +430,8 @@ sample_begin() {
 
 # sample_end "PIDS" TAG DIR: stops the counter; sets SAMPLE to a JSON object. PIDS
 # are taken again at the end: a process that started during the step counts whole.
-# DIR is the server's data dir (its size and its database file's are taken; 0 on a
-# database server).
+# DIR is the server's data dir (its size and its database file's are taken; on a
+# database server, the size of the database named after TAG).
 sample_end() {
     local pids=$1 tag=$2 dir=${3:-} pid=${1%% *} fsyncs=null
     if [[ -n ${S_COUNTER[$tag]} ]]; then
@@ -422,17 +450,22 @@ sample_end() {
     cpu=$(cpu_ticks "$pids")
     sys=$(sys_ticks "$pids")
     hz=$(getconf CLK_TCK)
+    local db_log=null
+    if [[ ${S_DB_LOG[$tag]} != null && -z ${DB_LOG_SHARED:-} ]]; then
+        db_log=$(($(db_log_bytes) - ${S_DB_LOG[$tag]}))
+    fi
     local dir_bytes=0 db_bytes=0
     if [[ -n $dir && -d $dir ]]; then
         dir_bytes=$(du -sb "$dir" | cut -f1)
         db_bytes=$(stat -c %s "$(database_file "$dir")" 2>/dev/null || echo 0)
     fi
-    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s, "dir_bytes": %s, "db_bytes": %s}' \
+    [[ $BACKEND == sqlite ]] || db_bytes=$(database_bytes "$tag")
+    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s, "dir_bytes": %s, "db_bytes": %s, "db_log_bytes": %s}' \
         "$fsyncs" "$((wb - ${S_WB[$tag]}))" "$((syscw - ${S_SYSCW[$tag]}))" \
         "$(awk -v a="${S_CPU[$tag]}" -v b="$cpu" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="${S_SYS[$tag]}" -v b="$sys" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="${S_T0[$tag]}" -v b="$t1" 'BEGIN { print b - a }')" \
-        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)" "$dir_bytes" "$db_bytes")
+        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)" "$dir_bytes" "$db_bytes" "$db_log")
 }
 
 # database_file DIR: the database file of the server whose data dir is DIR: etcd's
@@ -687,7 +720,7 @@ fi
 # compacts kine as it compacts etcd: kine leaves compaction to the apiserver), on
 # every peer at once (it would take four times as long one after the other), the
 # data dir and RSS sampled every 10 s.
-want soak && GROWTH_EVERY=10 run_at_once soak "--prefix /registry/pods/default/ --key-space 2000 --val-size 1024" \
+want soak && GROWTH_EVERY=10 DB_LOG_SHARED=1 run_at_once soak "--prefix /registry/pods/default/ --key-space 2000 --val-size 1024" \
     "soak=k8s --clients 16 --conns 4 --key-space 2000 --val-size 1024 --watchers 10 --listers 2 --rate 400 --compact-every $COMPACT_EVERY --duration $SOAK"
 
 if want idle && [[ $BACKEND != sqlite ]]; then

@@ -294,20 +294,32 @@ fn resources(results: &Results, out: &mut String) {
         "### Disk and memory: fsyncs per op, KB written per op, VmHWM MB\n"
     );
     let vmhwm = |r: &StepRun| r.sample.as_ref().map(|s| s.vmhwm_kb / 1024.0);
-    per_peer_table(
-        results,
-        &results.step_labels(),
-        &[
-            ("fsync/op", &StepRun::fsyncs_per_op, 3),
-            ("KB/op", &StepRun::kib_per_op, 2),
-            ("VmHWM MB", &vmhwm, 1),
-        ],
-        out,
-    );
+    let mut figures: Vec<Figure> = vec![
+        ("fsync/op", &StepRun::fsyncs_per_op, 3),
+        ("KB/op", &StepRun::kib_per_op, 2),
+    ];
+    figures.extend(db_log_figure(results, "DB log KB/op"));
+    figures.push(("VmHWM MB", &vmhwm, 1));
+    per_peer_table(results, &results.step_labels(), &figures, out);
     let _ = writeln!(
         out,
         "\nFor idle, fsyncs and KB per minute. VmHWM is the server's own (not its database server's).\n"
     );
+    if results.has_db_log() {
+        let _ = writeln!(out, "{DB_LOG_NOTE}\n");
+    }
+}
+
+/// What the database-log columns count, under the tables that show them.
+const DB_LOG_NOTE: &str = "DB log: the bytes the database server appended to its write-ahead \
+log during the step (PostgreSQL's WAL, InnoDB's redo log), the write cost of the peer's own \
+statements without the server's background work; n/a where peers shared the server at once.";
+
+/// The database-log column, on runs against a database server.
+fn db_log_figure<'a>(results: &Results, what: &'a str) -> Option<Figure<'a>> {
+    results
+        .has_db_log()
+        .then_some((what, &StepRun::db_log_kib_per_op, 2))
 }
 
 /// A figure of a step: its column name, how it is read, its digits.
@@ -347,20 +359,14 @@ fn rates(results: &Results, out: &mut String) {
     );
     let puts = |r: &StepRun| r.headline().map(|h| h.per_sec);
     let db = |r: &StepRun| r.sample.as_ref().map(|s| s.db_bytes / 1048576.0);
-    per_peer_table(
-        results,
-        &steps,
-        &[
-            ("puts/s", &puts, 1),
-            ("KB/put", &StepRun::kib_per_op, 2),
-            ("fsyncs/put", &StepRun::fsyncs_per_op, 3),
-            ("db MB", &db, 1),
-        ],
-        out,
-    );
+    let mut figures: Vec<Figure> = vec![("puts/s", &puts, 1), ("KB/put", &StepRun::kib_per_op, 2)];
+    figures.extend(db_log_figure(results, "DB log KB/put"));
+    figures.push(("fsyncs/put", &StepRun::fsyncs_per_op, 3));
+    figures.push(("db MB", &db, 1));
+    per_peer_table(results, &steps, &figures, out);
     let _ = writeln!(
         out,
-        "\ndb: etcd's member/snap/db, kine's and cetera's SQLite file (0 on a database server).\n"
+        "\ndb: etcd's member/snap/db, kine's and cetera's SQLite file; on a database server, the peer's database (PostgreSQL's pg_database_size, MariaDB's files of the database).\n"
     );
 }
 
@@ -425,6 +431,11 @@ fn soak(results: &Results, out: &mut String) {
 }
 
 /// Whether a step ran at a fixed rate (its throughput is the rate, not a result).
+/// A step's first row: at a fixed rate, the paced one.
+fn first_row(run: &StepRun) -> Option<&Row> {
+    run.bench.results.first()
+}
+
 fn rate_limited(run: &StepRun) -> bool {
     run.bench.settings.get("rate").is_some_and(|r| !r.is_null())
 }
@@ -522,12 +533,16 @@ fn targets(results: &Results, out: &mut String) {
             let (Some(k), Some(c)) = (run(step, "kine"), run(step, "cetera")) else {
                 continue;
             };
-            let (Some(kr), Some(cr)) = (k.headline(), c.headline()) else {
+            // At a fixed rate both do the rate: the latency of the paced row (the
+            // writes, the first row; not a soak's watch events, which arrive at
+            // the writes' pace) judges them.
+            let paced = rate_limited(c);
+            let row = |r| if paced { first_row(r) } else { r.headline() };
+            let (Some(kr), Some(cr)) = (row(k), row(c)) else {
                 continue;
             };
             judged += 1;
-            // At a fixed rate both do the rate: the latency judges them.
-            let ahead = if rate_limited(c) {
+            let ahead = if paced {
                 cr.latency_ms.p50 <= kr.latency_ms.p50
             } else {
                 cr.per_sec >= kr.per_sec
@@ -547,11 +562,18 @@ fn targets(results: &Results, out: &mut String) {
                 behind.is_empty(),
             ));
         }
+        // On a database server, the database's log is the peer's own write cost: the
+        // bytes its processes wrote include the server's background work.
+        let (bytes, what): (fn(&StepRun) -> Option<f64>, &str) = if results.has_db_log() {
+            (StepRun::db_log_kib_per_op, "database log KB")
+        } else {
+            (StepRun::kib_per_op, "KB written")
+        };
         for step in RATE_STEPS {
-            let kb = |p: &str| run(step, p).and_then(StepRun::kib_per_op);
+            let kb = |p: &str| run(step, p).and_then(bytes);
             if let (Some(c), Some(k)) = (kb("cetera"), kb("kine")) {
                 t.push((
-                    format!("{step}: KB written per put <= kine's"),
+                    format!("{step}: {what} per put <= kine's"),
                     format!("{} vs {} KB", fmt(Some(c), 2), fmt(Some(k), 2)),
                     c <= k,
                 ));

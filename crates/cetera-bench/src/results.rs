@@ -99,11 +99,17 @@ pub struct Sample {
     pub wall_s: f64,
     pub vmhwm_kb: f64,
     pub vmrss_kb: f64,
-    /// The data dir and the database file at the step's end (0 on a database server).
+    /// The data dir and the database at the step's end (on a database server: no data
+    /// dir, and the size of the peer's database there).
     #[serde(default)]
     pub dir_bytes: f64,
     #[serde(default)]
     pub db_bytes: f64,
+    /// Bytes the database server appended to its write-ahead log during the step
+    /// (PostgreSQL's WAL, InnoDB's redo log): None on SQLite, and where peers shared
+    /// the database server at once.
+    #[serde(default)]
+    pub db_log_bytes: Option<f64>,
 }
 
 impl Results {
@@ -214,5 +220,19 @@ impl StepRun {
     /// KiB written to storage per operation.
     pub fn kib_per_op(&self) -> Option<f64> {
         self.per_op(|s| Some(s.write_bytes), 1.0 / 1024.0)
+    }
+
+    /// KiB of the database server's write-ahead log per operation.
+    pub fn db_log_kib_per_op(&self) -> Option<f64> {
+        self.per_op(|s| s.db_log_bytes, 1.0 / 1024.0)
+    }
+}
+
+impl Results {
+    /// Whether any step counted a database server's log (a PostgreSQL or MySQL run).
+    pub fn has_db_log(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|r| r.sample.as_ref().is_some_and(|s| s.db_log_bytes.is_some()))
     }
 }

@@ -142,3 +142,28 @@ fn charts_are_written_with_the_results_values() {
         );
     }
 }
+
+/// On a database server (tests/fixtures/results-postgres.json: kine and cetera on one
+/// PostgreSQL), the report shows the database's log per put beside the bytes its
+/// processes wrote, and judges cetera against kine by the log; the soak, where the
+/// peers shared the server at once, has no log figure.
+#[test]
+fn report_on_a_database_server_counts_its_log() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/results-postgres.json");
+    let report = bench(&["report".as_ref(), fixture.as_os_str()]);
+    assert_has(
+        &report,
+        "| step | kine v0.17.5 puts/s | cetera puts/s | kine v0.17.5 KB/put | cetera KB/put | kine v0.17.5 DB log KB/put | cetera DB log KB/put | kine v0.17.5 fsyncs/put | cetera fsyncs/put | kine v0.17.5 db MB | cetera db MB |",
+    );
+    assert_has(
+        &report,
+        "| rate-100 | 100 | 100 | 4.00 | 6.00 | 7.00 | 1.80 | 2.000 | 1.500 | 0.0 | 0.0 |",
+    );
+    assert_has(
+        &report,
+        "| rate-100: database log KB per put <= kine's | 1.80 vs 7.00 KB | met |",
+    );
+    assert_has(&report, "| soak | 3.000 | 3.000 | 50.00 | 50.00 | - | - |");
+    assert_has(&report, "DB log: the bytes the database server appended");
+}
