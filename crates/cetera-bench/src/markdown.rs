@@ -430,12 +430,12 @@ fn soak(results: &Results, out: &mut String) {
     out.push('\n');
 }
 
-/// Whether a step ran at a fixed rate (its throughput is the rate, not a result).
 /// A step's first row: at a fixed rate, the paced one.
 fn first_row(run: &StepRun) -> Option<&Row> {
     run.bench.results.first()
 }
 
+/// Whether a step ran at a fixed rate (its throughput is the rate, not a result).
 fn rate_limited(run: &StepRun) -> bool {
     run.bench.settings.get("rate").is_some_and(|r| !r.is_null())
 }

@@ -146,6 +146,13 @@ impl Results {
             .map_or(peer, |p| p.label.as_str())
     }
 
+    /// Whether any step counted a database server's log (a PostgreSQL or MySQL run).
+    pub fn has_db_log(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|r| r.sample.as_ref().is_some_and(|s| s.db_log_bytes.is_some()))
+    }
+
     /// The newest etcd of the run (the one the targets are judged against).
     pub fn reference_etcd(&self) -> Option<&str> {
         ["etcd37", "etcd35"]
@@ -225,14 +232,5 @@ impl StepRun {
     /// KiB of the database server's write-ahead log per operation.
     pub fn db_log_kib_per_op(&self) -> Option<f64> {
         self.per_op(|s| s.db_log_bytes, 1.0 / 1024.0)
-    }
-}
-
-impl Results {
-    /// Whether any step counted a database server's log (a PostgreSQL or MySQL run).
-    pub fn has_db_log(&self) -> bool {
-        self.steps
-            .iter()
-            .any(|r| r.sample.as_ref().is_some_and(|s| s.db_log_bytes.is_some()))
     }
 }
