@@ -430,8 +430,8 @@ sample_begin() {
 
 # sample_end "PIDS" TAG DIR: stops the counter; sets SAMPLE to a JSON object. PIDS
 # are taken again at the end: a process that started during the step counts whole.
-# DIR is the server's data dir (its size and its database file's are taken; on a
-# database server, the size of the database named after TAG).
+# DIR is the server's data dir (its size and its database file's are taken; without a
+# file, on a database server, the size of the database named after TAG).
 sample_end() {
     local pids=$1 tag=$2 dir=${3:-} pid=${1%% *} fsyncs=null
     if [[ -n ${S_COUNTER[$tag]} ]]; then
@@ -459,7 +459,8 @@ sample_end() {
         dir_bytes=$(du -sb "$dir" | cut -f1)
         db_bytes=$(stat -c %s "$(database_file "$dir")" 2>/dev/null || echo 0)
     fi
-    [[ $BACKEND == sqlite ]] || db_bytes=$(database_bytes "$tag")
+    # cetera and kine on a database server have no database file: their database's size.
+    if [[ $BACKEND != sqlite && $db_bytes == 0 ]]; then db_bytes=$(database_bytes "$tag"); fi
     SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s, "dir_bytes": %s, "db_bytes": %s, "db_log_bytes": %s}' \
         "$fsyncs" "$((wb - ${S_WB[$tag]}))" "$((syscw - ${S_SYSCW[$tag]}))" \
         "$(awk -v a="${S_CPU[$tag]}" -v b="$cpu" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \

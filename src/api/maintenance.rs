@@ -271,19 +271,8 @@ impl<B: Backend> Maintenance for MaintenanceService<B> {
             .tempdir()
             .map_err(|e| Status::internal(format!("cetera: cannot create a snapshot file: {e}")))?;
         let path = dir.path().join("snapshot.db");
-        // SQLite calls run inline and this copy makes many of them: it runs
-        // on a blocking thread so that it holds no runtime worker for long.
-        let (store, target, runtime) = (
-            self.store.clone(),
-            path.clone(),
-            tokio::runtime::Handle::current(),
-        );
-        let built =
-            tokio::task::spawn_blocking(move || runtime.block_on(store.snapshot_to(&target)))
-                .await
-                .map_err(|e| anyhow::anyhow!("snapshot task failed: {e}"))
-                .and_then(|built| built);
-        built.map_err(|e| {
+        // The store copies on a blocking thread, holding no runtime worker.
+        self.store.snapshot_to(&path).await.map_err(|e| {
             tracing::error!("snapshot failed: {e:#}");
             Status::internal(format!("cetera: snapshot failed: {e:#}"))
         })?;

@@ -341,23 +341,24 @@ impl<B: Backend> Store<B> {
             .await
     }
 
-    /// Runs `read`, a read of the whole history (a digest), in a read
-    /// transaction on a blocking thread. SQLite's calls run inline: on a
+    /// Runs `read`, a read of the whole history (a digest, a snapshot), in a
+    /// read transaction on a blocking thread. SQLite's calls run inline: on a
     /// runtime worker such a read would hold up the tasks queued behind it,
     /// a write's answer among them, for as long as it takes (up to a second
     /// for the history between two of the apiserver's compactions).
-    async fn read_history<T, F, Fut>(&self, read: F) -> StoreResult<T>
+    async fn read_history<T, E, F, Fut>(&self, read: F) -> Result<T, E>
     where
         T: Send + 'static,
+        E: From<anyhow::Error> + Send + 'static,
         F: FnOnce(B::Read) -> Fut + Send + 'static,
-        Fut: Future<Output = StoreResult<T>>,
+        Fut: Future<Output = Result<T, E>>,
     {
         let (backend, runtime) = (self.backend.clone(), tokio::runtime::Handle::current());
         tokio::task::spawn_blocking(move || {
             runtime.block_on(async move { read(backend.read().await?).await })
         })
         .await
-        .map_err(|e| StoreError::Internal(format!("history read failed: {e}")))?
+        .map_err(|e| E::from(anyhow::anyhow!("history read failed: {e}")))?
     }
 
     /// etcd Defragment: gives freed space back to the file system.
@@ -368,11 +369,14 @@ impl<B: Backend> Store<B> {
     /// Writes an etcd v3 snapshot (bbolt) of one consistent view of the
     /// store to `path` (see `crate::bbolt::snapshot`).
     pub async fn snapshot_to(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        let mut txn = self.backend.read().await?;
-        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
-        let file = crate::bbolt::snapshot::write(&mut txn, file).await?;
-        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        Ok(())
+        let path = path.to_path_buf();
+        self.read_history(move |mut txn| async move {
+            let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+            let file = crate::bbolt::snapshot::write(&mut txn, file).await?;
+            file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            Ok(())
+        })
+        .await
     }
 
     /// etcd Range.
