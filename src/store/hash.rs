@@ -109,17 +109,25 @@ pub async fn hash_kv<T: ReadTxn>(
 }
 
 /// The digest etcd 3.6 and later keep for a compaction at `revision`,
-/// taken before it. Its hasher (`scheduleCompaction` in
-/// server/storage/mvcc/kvstore_compaction.go) filters on the revisions the
-/// index compaction keeps (`keyIndex.compact`), which from 3.5.16 on include
-/// a tombstone at `revision`; HashKV's own keep set (`keyIndex.keep`) drops
-/// it. So with no key alive at `revision` but one deleted there the filter
-/// stays on and no row at or below the compact revision is hashed.
+/// taken before its history is removed, over the history since `previous`,
+/// the compaction before it (the compact revision the digest names). Its
+/// hasher (`scheduleCompaction` in server/storage/mvcc/kvstore_compaction.go)
+/// filters on the revisions the index compaction keeps (`keyIndex.compact`),
+/// which from 3.5.16 on include a tombstone at `revision`; HashKV's own keep
+/// set (`keyIndex.keep`) drops it. So with no key alive at `revision` but
+/// one deleted there the filter stays on and no row at or below `previous`
+/// is hashed. The compaction may already be recorded (`revision` the compact
+/// revision): what counts is that no row above `previous` is removed yet.
 pub async fn hash_kv_before_compaction<T: ReadTxn>(
     txn: &mut T,
     revision: i64,
+    previous: i64,
 ) -> StoreResult<KvHash> {
-    hash_kv_keeping(txn, revision, false, KeepSet::Compaction).await
+    let revs = txn.revisions().await?;
+    if revision > revs.current {
+        return Err(StoreError::FutureRevision);
+    }
+    hash_kv_over(txn, revision, revs.current, previous, KeepSet::Compaction).await
 }
 
 /// Which keep set filters the rows at or below the compact revision.
@@ -150,24 +158,28 @@ async fn hash_kv_keeping<T: ReadTxn>(
     } else {
         revision
     };
+    hash_kv_over(txn, revision, revs.current, revs.compact, keep_set).await
+}
+
+/// The digest at `revision` (> 0 hashes rows) of a store at `current`
+/// whose history at or below `compact` is compacted.
+async fn hash_kv_over<T: ReadTxn>(
+    txn: &mut T,
+    revision: i64,
+    current: i64,
+    compact: i64,
+    keep_set: KeepSet,
+) -> StoreResult<KvHash> {
     let mut hasher = EtcdHasher::new();
     // A negative revision hashes nothing but the bucket name, as in etcd.
     if revision > 0 {
-        hash_kept_rows(
-            txn,
-            revision,
-            revs.current,
-            revs.compact,
-            keep_set,
-            &mut hasher,
-        )
-        .await?;
-        for_each_log_entry(txn, revs.compact, revision, |entry| hasher.entry(&entry)).await?;
+        hash_kept_rows(txn, revision, current, compact, keep_set, &mut hasher).await?;
+        for_each_log_entry(txn, compact, revision, |entry| hasher.entry(&entry)).await?;
     }
     Ok(KvHash {
         hash: hasher.0,
-        current: revs.current,
-        compact: revs.compact,
+        current,
+        compact,
         revision,
     })
 }

@@ -1,13 +1,36 @@
 //! Reading revisions back from the log as watch events, with the previous
 //! state of each key, for watchers that catch up and for revisions that
-//! other instances committed.
+//! other instances committed; and reads of the whole history (digests, a
+//! snapshot) on a thread of their own.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::error::{StoreError, StoreResult};
 use crate::backend::{Backend, KeyRange, LogEntry, ReadAt, ReadTxn};
 use crate::proto::mvccpb::{Event, KeyValue, event::EventType};
 use crate::store::hub::RevisionEvents;
+
+/// Runs `read`, a read of the whole history (a digest, a snapshot), in a
+/// read transaction on a blocking thread. SQLite's calls run inline: on a
+/// runtime worker such a read would hold up the tasks queued behind it,
+/// a write's answer among them, for as long as it takes (up to a second
+/// for the history between two of the apiserver's compactions).
+pub async fn read_whole<B, T, E, F, Fut>(backend: Arc<B>, read: F) -> Result<T, E>
+where
+    B: Backend,
+    T: Send + 'static,
+    E: From<anyhow::Error> + Send + 'static,
+    F: FnOnce(B::Read) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        runtime.block_on(async move { read(backend.read().await?).await })
+    })
+    .await
+    .map_err(|e| E::from(anyhow::anyhow!("history read failed: {e}")))?
+}
 
 /// The revisions in `(after, through]` (capped at the current revision).
 /// With `with_prev_kv`, each event carries the key's state at revision - 1,

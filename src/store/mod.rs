@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 
 use self::alarm::Quota;
 pub use self::apply::TxnChecks;
+use self::background::CompactionState;
 pub use self::background::auto_compaction::{self, AutoCompaction};
 use self::count_cache::CountCache;
 pub use self::error::{StoreError, StoreResult};
@@ -113,10 +114,9 @@ pub struct Store<B: Backend> {
     /// reserved for it (`adopt_member_id`).
     member_id: AtomicU64,
     quota: Quota,
-    /// Set while the compactor's last step failed for a full datastore.
-    compaction_out_of_space: Arc<AtomicBool>,
-    /// The HashKV of the latest compactions, when kept as etcd 3.6 keeps them.
-    compaction_hashes: Option<compaction_hashes::CompactionHashes>,
+    /// The compactor's out-of-space flag and, when kept as etcd 3.6 keeps
+    /// them, the HashKV of the latest compactions.
+    compaction: CompactionState,
     /// Range counts of committed revisions, reused by later reads.
     counts: CountCache,
     /// Lease deadlines ahead of the database, when keep-alives are answered
@@ -166,8 +166,13 @@ impl<B: Backend> Store<B> {
             options.txn_checks,
         );
         let writes = Writes::new(&queue);
-        let compaction_out_of_space = Arc::new(AtomicBool::new(false));
         let leader_leases = Arc::new(LeaderLeases::default());
+        let compaction = CompactionState {
+            out_of_space: Arc::new(AtomicBool::new(false)),
+            hashes: options
+                .compaction_hashes
+                .then(|| Arc::new(compaction_hashes::CompactionHashes::default())),
+        };
         let background = background::start(
             &backend,
             &writes,
@@ -175,7 +180,7 @@ impl<B: Backend> Store<B> {
             &revisions,
             Arc::downgrade(&publisher),
             options.auto_compaction,
-            &compaction_out_of_space,
+            &compaction,
         );
         Ok(Store {
             backend,
@@ -186,10 +191,7 @@ impl<B: Backend> Store<B> {
             cluster_id: identity.cluster_id,
             member_id: AtomicU64::new(identity.member_id),
             quota: Quota::new(options.quota_backend_bytes),
-            compaction_out_of_space,
-            compaction_hashes: options
-                .compaction_hashes
-                .then(compaction_hashes::CompactionHashes::default),
+            compaction,
             counts: CountCache::default(),
             lease_deadlines,
             leader_leases,
@@ -322,13 +324,13 @@ impl<B: Backend> Store<B> {
     /// etcd HashKV: a digest of the keys as of `revision` (0: current); at
     /// a compaction's revision, the digest taken before it, when kept.
     pub async fn hash_kv(&self, revision: i64) -> StoreResult<hash::KvHash> {
-        if let Some(kept) = &self.compaction_hashes
+        if let Some(kept) = &self.compaction.hashes
             && let Some(mut hashed) = kept.at(revision)
         {
             hashed.current = self.backend.read().await?.revisions().await?.current;
             return Ok(hashed);
         }
-        let at_compact = self.compaction_hashes.is_some();
+        let at_compact = self.compaction.hashes.is_some();
         self.read_history(move |mut txn| async move {
             hash::hash_kv(&mut txn, revision, at_compact).await
         })
@@ -341,11 +343,8 @@ impl<B: Backend> Store<B> {
             .await
     }
 
-    /// Runs `read`, a read of the whole history (a digest, a snapshot), in a
-    /// read transaction on a blocking thread. SQLite's calls run inline: on a
-    /// runtime worker such a read would hold up the tasks queued behind it,
-    /// a write's answer among them, for as long as it takes (up to a second
-    /// for the history between two of the apiserver's compactions).
+    /// Runs `read`, a read of the whole history, on a blocking thread
+    /// (`history::read_whole`).
     async fn read_history<T, E, F, Fut>(&self, read: F) -> Result<T, E>
     where
         T: Send + 'static,
@@ -353,12 +352,7 @@ impl<B: Backend> Store<B> {
         F: FnOnce(B::Read) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (backend, runtime) = (self.backend.clone(), tokio::runtime::Handle::current());
-        tokio::task::spawn_blocking(move || {
-            runtime.block_on(async move { read(backend.read().await?).await })
-        })
-        .await
-        .map_err(|e| E::from(anyhow::anyhow!("history read failed: {e}")))?
+        history::read_whole(self.backend.clone(), read).await
     }
 
     /// etcd Defragment: gives freed space back to the file system.
@@ -429,23 +423,9 @@ impl<B: Backend> Store<B> {
 
     /// etcd Compact. With `physical` it returns once the history is gone.
     pub async fn compact(&self, req: &CompactionRequest) -> StoreResult<CompactionResponse> {
-        // The digest of the history the compaction removes, taken before it
-        // (a revision the compaction will refuse has none).
-        let before = match &self.compaction_hashes {
-            Some(_) => {
-                let revision = req.revision;
-                self.read_history(move |mut txn| async move {
-                    hash::hash_kv_before_compaction(&mut txn, revision).await
-                })
-                .await
-                .ok()
-            }
-            None => None,
-        };
+        // etcd 3.6+'s digest of the history it removes is taken by the
+        // compactor, before its first removal (`background::compactor`).
         let resp = self.write_for(WriteRequest::Compact(req.revision)).await?;
-        if let (Some(kept), Some(before)) = (&self.compaction_hashes, before) {
-            kept.record(before);
-        }
         if req.physical {
             let mut revisions = self.revisions.clone();
             let done = revisions.wait_for(|r| r.compacted_through >= req.revision);
@@ -459,7 +439,7 @@ impl<B: Backend> Store<B> {
                         break;
                     }
                     _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {
-                        if self.compaction_out_of_space.load(Ordering::SeqCst) {
+                        if self.compaction.out_of_space.load(Ordering::SeqCst) {
                             return Err(StoreError::NoSpace);
                         }
                     }

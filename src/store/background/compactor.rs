@@ -1,6 +1,9 @@
 //! Physical compaction: removes the history below the compact revision in
 //! short steps through the writer, so no step holds other writes up for
-//! long, then lets the backend reclaim the space.
+//! long, then lets the backend reclaim the space. Before its first removal
+//! for a compaction it takes etcd 3.6+'s digest of the history that goes
+//! (`CompactionHashes`), as etcd's background compaction does, so that
+//! Compact answers without reading the history.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +13,26 @@ use tokio::sync::watch;
 
 use super::lock::{COMPACTION_LOCK, holds};
 use crate::backend::{Backend, DiskFull, Revisions};
+use crate::store::compaction_hashes::CompactionHashes;
 use crate::store::error::StoreError;
+use crate::store::hash;
+use crate::store::history;
 use crate::store::request::WriteRequest;
 use crate::store::routing::Writes;
 
 /// Least time between two `Backend::reclaim_compacted` calls.
 const RECLAIM_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the compactor shares with the store.
+#[derive(Clone)]
+pub struct CompactionState {
+    /// Up while a full datastore holds the compactor up (a physical Compact
+    /// then answers so at once).
+    pub out_of_space: Arc<AtomicBool>,
+    /// Emulating etcd 3.6+: each compaction's digest, taken before its
+    /// history goes.
+    pub hashes: Option<Arc<CompactionHashes>>,
+}
 
 /// Removes compacted history step by step whenever the compact revision is
 /// ahead of what was removed, on one instance at a time, then lets the
@@ -25,10 +42,24 @@ pub(super) async fn run<B: Backend>(
     backend: Arc<B>,
     writes: Writes,
     mut revisions: watch::Receiver<Revisions>,
-    out_of_space: Arc<AtomicBool>,
+    state: CompactionState,
 ) {
+    let CompactionState {
+        out_of_space,
+        hashes,
+    } = state;
     let mut last_reclaim: Option<Instant> = None;
+    // The compaction before the next one, which its digest starts from; the
+    // removal mark when started in the middle of one.
+    let mut previous = revisions.borrow().compacted_through;
+    let mut digested = None;
     loop {
+        {
+            let r = revisions.borrow();
+            if r.compacted_through >= r.compact {
+                previous = r.compact;
+            }
+        }
         if revisions
             .wait_for(|r| r.compacted_through < r.compact)
             .await
@@ -39,6 +70,13 @@ pub(super) async fn run<B: Backend>(
         if !holds(&*backend, COMPACTION_LOCK).await {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
+        }
+        let target = revisions.borrow().compact;
+        if let Some(hashes) = &hashes
+            && digested != Some(target)
+        {
+            digest(&backend, hashes, target, previous).await;
+            (digested, previous) = (Some(target), target);
         }
         match writes.local(WriteRequest::CompactStep).await {
             Ok(_) => {
@@ -73,5 +111,22 @@ pub(super) async fn run<B: Backend>(
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+/// Keeps the digest of a compaction at `revision` over the history since
+/// `previous`; on a failed read, HashKV at that revision hashes what is left.
+async fn digest<B: Backend>(
+    backend: &Arc<B>,
+    hashes: &CompactionHashes,
+    revision: i64,
+    previous: i64,
+) {
+    let read = history::read_whole(backend.clone(), move |mut txn| async move {
+        hash::hash_kv_before_compaction(&mut txn, revision, previous).await
+    });
+    match read.await {
+        Ok(digest) => hashes.record(digest),
+        Err(error) => tracing::warn!("cannot take the digest of compaction {revision}: {error}"),
     }
 }

@@ -10,20 +10,21 @@ mod lease_expirer;
 mod lock;
 mod poller;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use self::auto_compaction::AutoCompaction;
+pub use self::compactor::CompactionState;
 use super::leader_leases::LeaderLeases;
 use super::publisher::Publisher;
 use super::routing::Writes;
 use crate::backend::{Backend, Revisions};
 
 /// Starts the background jobs of a store on `backend`; the compactor sets
-/// `compaction_out_of_space` while a full datastore holds it up.
+/// `compaction`'s flag while a full datastore holds it up, and keeps each
+/// compaction's digest there.
 pub(super) fn start<B: Backend>(
     backend: &Arc<B>,
     writes: &Writes,
@@ -31,13 +32,13 @@ pub(super) fn start<B: Backend>(
     revisions: &watch::Receiver<Revisions>,
     publisher: Weak<Publisher<B>>,
     auto_compaction: Option<AutoCompaction>,
-    compaction_out_of_space: &Arc<AtomicBool>,
+    compaction: &CompactionState,
 ) -> Vec<JoinHandle<()>> {
     let compactor = tokio::spawn(compactor::run(
         backend.clone(),
         writes.clone(),
         revisions.clone(),
-        compaction_out_of_space.clone(),
+        compaction.clone(),
     ));
     let lease_expirer = tokio::spawn(lease_expirer::run(
         backend.clone(),
