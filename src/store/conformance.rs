@@ -486,6 +486,218 @@ pub async fn compare_on_a_missing_key_uses_zero_but_value_compares_fail<B: Backe
     assert!(!t.store.txn(value_not_equal).await.unwrap().succeeded);
 }
 
+/// Conformance test `compares_see_the_keys_a_range_reads`: a Txn's compare on
+/// each target, with each result, sees the keys a Range at the current
+/// revision reads (a backend may answer some compares without reading the
+/// rows: SQLite's key index knows each key's mod revision and lease), through
+/// puts with and without leases, a delete, a re-create, a revoked lease and
+/// a physical compaction, on single keys, on ranges and from a key to the end.
+pub async fn compares_see_the_keys_a_range_reads<B: Backend>(t: TestStore<B>) {
+    use crate::proto::mvccpb::KeyValue;
+    let store = &t.store;
+    let grant = |ttl| store.lease_grant(LeaseGrantRequest { id: 0, ttl });
+    let (kept, revoked) = (grant(300).await.unwrap().id, grant(300).await.unwrap().id);
+    let with_lease = |key: &str, lease| PutRequest {
+        lease,
+        ..put_req(key, "v")
+    };
+    let delete = |key: &str| DeleteRangeRequest {
+        key: key.into(),
+        ..Default::default()
+    };
+    // Each compare, checked against what a Range reads, the way etcd's
+    // applyCompare reads it: no key fails a value compare and compares the
+    // other targets with zero; otherwise every key must hold.
+    let check = |step: &'static str| async move {
+        let ranges: [(&str, &str); 6] = [
+            ("a", ""),
+            ("b", ""),
+            ("d", ""),
+            ("none", ""),
+            ("a", "c"),
+            ("b", "\0"),
+        ];
+        for (key, range_end) in ranges {
+            let read = store
+                .range(&RangeRequest {
+                    key: key.into(),
+                    range_end: range_end.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .kvs;
+            let field = |kv: &KeyValue, target| match target {
+                CompareTarget::Version => kv.version,
+                CompareTarget::Create => kv.create_revision,
+                CompareTarget::Mod => kv.mod_revision,
+                CompareTarget::Lease => kv.lease,
+                CompareTarget::Value => unreachable!(),
+            };
+            let mut compares = Vec::new();
+            for target in [
+                CompareTarget::Version,
+                CompareTarget::Create,
+                CompareTarget::Mod,
+                CompareTarget::Lease,
+            ] {
+                let mut near: Vec<i64> = read.iter().map(|kv| field(kv, target)).collect();
+                near.push(0);
+                for n in near.clone() {
+                    near.extend([n - 1, n + 1]);
+                }
+                near.sort_unstable();
+                near.dedup();
+                for n in near {
+                    let union = match target {
+                        CompareTarget::Version => TargetUnion::Version(n),
+                        CompareTarget::Create => TargetUnion::CreateRevision(n),
+                        CompareTarget::Mod => TargetUnion::ModRevision(n),
+                        _ => TargetUnion::Lease(n),
+                    };
+                    let holds = |kv: &KeyValue| field(kv, target).cmp(&n);
+                    compares.push((
+                        target,
+                        union,
+                        holds(&KeyValue::default()),
+                        read.iter().map(holds).collect::<Vec<_>>(),
+                    ));
+                }
+            }
+            let mut values: Vec<Vec<u8>> = read.iter().map(|kv| kv.value.clone()).collect();
+            values.extend([Vec::new(), b"zz".to_vec()]);
+            for value in values {
+                let holds = |kv: &KeyValue| kv.value.cmp(&value);
+                compares.push((
+                    CompareTarget::Value,
+                    TargetUnion::Value(value.clone()),
+                    std::cmp::Ordering::Equal,
+                    read.iter().map(holds).collect(),
+                ));
+            }
+            // Sent at once, so that they share batches as clients' Txns do.
+            let mut cases = Vec::new();
+            for (target, union, against_zero, orderings) in compares {
+                for result in [
+                    CompareResult::Equal,
+                    CompareResult::NotEqual,
+                    CompareResult::Greater,
+                    CompareResult::Less,
+                ] {
+                    let holds = |ordering: std::cmp::Ordering| match result {
+                        CompareResult::Equal => ordering.is_eq(),
+                        CompareResult::NotEqual => ordering.is_ne(),
+                        CompareResult::Greater => ordering.is_gt(),
+                        CompareResult::Less => ordering.is_lt(),
+                    };
+                    let expected = if orderings.is_empty() {
+                        target != CompareTarget::Value && holds(against_zero)
+                    } else {
+                        orderings.iter().all(|o| holds(*o))
+                    };
+                    let compare = Compare {
+                        key: key.into(),
+                        range_end: range_end.into(),
+                        target: target as i32,
+                        result: result as i32,
+                        target_union: Some(union.clone()),
+                    };
+                    cases.push((compare, expected));
+                }
+            }
+            let answers = futures_util::future::join_all(cases.iter().map(|(compare, _)| {
+                store.txn(TxnRequest {
+                    compare: vec![compare.clone()],
+                    ..Default::default()
+                })
+            }))
+            .await;
+            for ((compare, expected), answer) in cases.iter().zip(answers) {
+                let succeeded = answer.unwrap().succeeded;
+                assert_eq!(succeeded, *expected, "{step}: {compare:?} against {read:?}");
+            }
+        }
+    };
+    check("empty").await;
+    store.put(put_req("a", "1")).await.unwrap();
+    store.put(with_lease("b", kept)).await.unwrap();
+    store.put(with_lease("d", revoked)).await.unwrap();
+    store.put(put_req("a", "2")).await.unwrap();
+    check("puts").await;
+    store.delete_range(delete("a")).await.unwrap();
+    store.put(put_req("b", "2")).await.unwrap();
+    store.lease_revoke(revoked).await.unwrap();
+    check("deleted, a lease taken off, a lease revoked").await;
+    store.put(with_lease("a", kept)).await.unwrap();
+    check("re-created").await;
+    let current = store.revisions().current;
+    let a = store.range(&get_req("a", 0)).await.unwrap().kvs;
+    assert_eq!(
+        (
+            a[0].create_revision,
+            a[0].mod_revision,
+            a[0].version,
+            a[0].lease
+        ),
+        (current, current, 1, kept)
+    );
+    store.put(put_req("c", "1")).await.unwrap();
+    store
+        .compact(&CompactionRequest {
+            revision: store.revisions().current,
+            physical: true,
+        })
+        .await
+        .unwrap();
+    check("compacted").await;
+}
+
+/// Conformance test `swaps_of_one_revision_let_one_through`: Txns that
+/// compare one key's mod revision and put it, sent at once (so that some
+/// share a write transaction), see each other's puts: one succeeds.
+pub async fn swaps_of_one_revision_let_one_through<B: Backend>(t: TestStore<B>) {
+    let store = std::sync::Arc::new(t.store);
+    let revision = store
+        .put(put_req("k", "0"))
+        .await
+        .unwrap()
+        .header
+        .unwrap()
+        .revision;
+    let swaps = (0..32).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let txn = TxnRequest {
+                compare: vec![Compare {
+                    key: "k".into(),
+                    target: CompareTarget::Mod as i32,
+                    result: CompareResult::Equal as i32,
+                    target_union: Some(TargetUnion::ModRevision(revision)),
+                    ..Default::default()
+                }],
+                success: vec![op(Op::RequestPut(put_req("k", &i.to_string())))],
+                failure: vec![op(Op::RequestRange(get_req("k", 0)))],
+            };
+            store.txn(txn).await.unwrap()
+        })
+    });
+    let mut succeeded = 0;
+    for swap in swaps {
+        let response = swap.await.unwrap();
+        if response.succeeded {
+            succeeded += 1;
+        } else {
+            let Some(OpResponse::ResponseRange(range)) = &response.responses[0].response else {
+                panic!("{response:?}");
+            };
+            assert_eq!(range.kvs[0].mod_revision, revision + 1);
+        }
+    }
+    assert_eq!(succeeded, 1);
+    let k = store.range(&get_req("k", 0)).await.unwrap().kvs;
+    assert_eq!((k[0].version, k[0].mod_revision), (2, revision + 1));
+}
+
 /// Conformance test `compaction_refuses_old_reads_and_removes_history`.
 pub async fn compaction_refuses_old_reads_and_removes_history<B: Backend>(t: TestStore<B>) {
     for value in ["1", "2", "3"] {
@@ -1082,6 +1294,20 @@ macro_rules! conformance_suite {
         #[tokio::test]
         async fn a_txn_takes_one_revision_and_ranges_inside_see_its_writes() {
             crate::store::conformance::a_txn_takes_one_revision_and_ranges_inside_see_its_writes(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn compares_see_the_keys_a_range_reads() {
+            crate::store::conformance::compares_see_the_keys_a_range_reads(
+                crate::store::conformance::TestStore::open($database().await).await,
+            )
+            .await
+        }
+        #[tokio::test]
+        async fn swaps_of_one_revision_let_one_through() {
+            crate::store::conformance::swaps_of_one_revision_let_one_through(
                 crate::store::conformance::TestStore::open($database().await).await,
             )
             .await
