@@ -105,7 +105,19 @@ pub async fn hash_kv<T: ReadTxn>(
     revision: i64,
     at_compact: bool,
 ) -> StoreResult<KvHash> {
-    hash_kv_keeping(txn, revision, at_compact, KeepSet::Live).await
+    let revs = txn.revisions().await?;
+    if revision > 0 && (revision < revs.compact || (revision == revs.compact && !at_compact)) {
+        return Err(StoreError::Compacted);
+    }
+    if revision > revs.current {
+        return Err(StoreError::FutureRevision);
+    }
+    let revision = if revision == 0 {
+        revs.current
+    } else {
+        revision
+    };
+    hash_kv_over(txn, revision, revs.current, revs.compact, KeepSet::Live).await
 }
 
 /// The digest etcd 3.6 and later keep for a compaction at `revision`,
@@ -138,27 +150,6 @@ enum KeepSet {
     /// A compaction's (`treeIndex.Compact`): those, and the tombstones at
     /// the compaction's revision.
     Compaction,
-}
-
-async fn hash_kv_keeping<T: ReadTxn>(
-    txn: &mut T,
-    revision: i64,
-    at_compact: bool,
-    keep_set: KeepSet,
-) -> StoreResult<KvHash> {
-    let revs = txn.revisions().await?;
-    if revision > 0 && (revision < revs.compact || (revision == revs.compact && !at_compact)) {
-        return Err(StoreError::Compacted);
-    }
-    if revision > revs.current {
-        return Err(StoreError::FutureRevision);
-    }
-    let revision = if revision == 0 {
-        revs.current
-    } else {
-        revision
-    };
-    hash_kv_over(txn, revision, revs.current, revs.compact, keep_set).await
 }
 
 /// The digest at `revision` (> 0 hashes rows) of a store at `current`
