@@ -488,8 +488,9 @@ pub async fn compare_on_a_missing_key_uses_zero_but_value_compares_fail<B: Backe
 
 /// Conformance test `compares_see_the_keys_a_range_reads`: a Txn's compare on
 /// each target, with each result, sees the keys a Range at the current
-/// revision reads (a backend may answer some compares without reading the
-/// rows: SQLite's key index knows each key's mod revision and lease), through
+/// revision reads (whatever answers the compare: reading the rows, or an
+/// index that knows each key's mod revision, as the branch `txn-compare`
+/// tried), through
 /// puts with and without leases, a delete, a re-create, a revoked lease and
 /// a physical compaction, on single keys, on ranges and from a key to the end.
 pub async fn compares_see_the_keys_a_range_reads<B: Backend>(t: TestStore<B>) {
